@@ -1,0 +1,197 @@
+//! The `DistributedLock` custom resource (`leasehold.dev/v1alpha1`) and the label and
+//! annotation names of the claim protocol.
+//!
+//! Doc comments on the fields below become the CRD's schema descriptions, so they are
+//! what `kubectl explain distributedlock.spec` prints.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The API group of leasehold's resources.
+pub const GROUP: &str = "leasehold.dev";
+/// Label on a claim Lease naming the DistributedLock it asks for.
+pub const LOCK_LABEL: &str = "leasehold.dev/lock";
+/// Annotation on a claim Lease carrying the UID of the pod that made it.
+pub const POD_UID_ANNOTATION: &str = "leasehold.dev/pod-uid";
+/// Annotation a client sets to `"true"` on its claim to release the lock (or withdraw).
+pub const RELEASED_ANNOTATION: &str = "leasehold.dev/released";
+/// Annotation the controller stamps on a granted claim: the grant's fencing token.
+pub const FENCING_TOKEN_ANNOTATION: &str = "leasehold.dev/fencing-token";
+/// Default `spec.leaseDurationSeconds`.
+pub const DEFAULT_LEASE_DURATION_SECONDS: i32 = 15;
+/// Default `spec.maxHolders`.
+pub const DEFAULT_MAX_HOLDERS: i32 = 1;
+
+/// A lock that pods acquire in FIFO order, each grant carrying a fencing token.
+#[allow(clippy::duplicated_attributes)] // printcolumn entries legitimately repeat `type_`
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "leasehold.dev",
+    version = "v1alpha1",
+    kind = "DistributedLock",
+    namespaced,
+    status = "DistributedLockStatus",
+    shortname = "dlock",
+    derive = "PartialEq",
+    doc = "A fair (FIFO), fenced distributed lock for pods. Pods ask for it with claim Leases labelled leasehold.dev/lock=<name>; the controller grants it in arrival order and gives every grant a strictly increasing fencing token.",
+    printcolumn(
+        name = "Holder",
+        type_ = "string",
+        description = "Pod of the first holder",
+        json_path = ".status.holders[0].pod"
+    ),
+    printcolumn(
+        name = "Queue",
+        type_ = "integer",
+        description = "Number of waiting claims",
+        json_path = ".status.queueLength"
+    ),
+    printcolumn(
+        name = "Token",
+        type_ = "integer",
+        description = "Last fencing token issued",
+        json_path = ".status.fencingToken"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DistributedLockSpec {
+    /// How long, in seconds, a claim stays valid without renewal. Clients renew about
+    /// every third of it and stop their work before it runs out; the controller revokes
+    /// a grant whose claim was not renewed for this long (plus a grace). Default 15.
+    #[serde(default = "default_lease_duration_seconds")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub lease_duration_seconds: i32,
+
+    /// How many claims may hold the lock at once: 1 makes a mutex, more a counting
+    /// semaphore. Lowering it revokes no one; new grants wait until fewer hold it. Default 1.
+    #[serde(default = "default_max_holders")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_holders: i32,
+}
+
+fn default_lease_duration_seconds() -> i32 {
+    DEFAULT_LEASE_DURATION_SECONDS
+}
+
+fn default_max_holders() -> i32 {
+    DEFAULT_MAX_HOLDERS
+}
+
+impl Default for DistributedLockSpec {
+    fn default() -> Self {
+        Self {
+            lease_duration_seconds: DEFAULT_LEASE_DURATION_SECONDS,
+            max_holders: DEFAULT_MAX_HOLDERS,
+        }
+    }
+}
+
+/// What the controller has granted, and who waits. Written only by the controller.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DistributedLockStatus {
+    /// The claims holding the lock now, oldest grant first. An entry with `revoked` set
+    /// lost its grant but still occupies its slot until its process has certainly stopped.
+    #[serde(default)]
+    pub holders: Vec<Holder>,
+
+    /// The claims waiting for the lock, in the order they will be granted (first come,
+    /// first served).
+    #[serde(default)]
+    pub queue: Vec<Waiter>,
+
+    /// The number of entries in `queue`.
+    #[serde(default)]
+    pub queue_length: i32,
+
+    /// The last fencing token issued. It never decreases and no token is issued twice.
+    #[serde(default)]
+    pub fencing_token: i64,
+
+    /// The `metadata.generation` of the spec this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Standard conditions; `Ready` is True while the controller reconciles this lock.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// One claim holding the lock.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Holder {
+    /// Name of the claim Lease that holds the lock.
+    pub claim: String,
+    /// Name of the pod whose process made the claim.
+    pub pod: String,
+    /// UID of that pod.
+    #[serde(rename = "podUID")]
+    pub pod_uid: String,
+    /// The fencing token of this grant: pass it to every resource the lock protects,
+    /// which should reject requests carrying a lower token than it has seen.
+    pub fencing_token: i64,
+    /// When the grant was made (the controller's clock; informational).
+    pub granted_at: Time,
+    /// Set only while a revoked holder's slot is held back: its claim was taken away
+    /// while its pod lives, so the slot passes on once the pod is gone or one lease
+    /// duration has passed, by when the holder has stopped itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked: Option<Revocation>,
+}
+
+/// Why and when a holder's grant was revoked while its slot is held back.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Revocation {
+    /// Why the grant was revoked.
+    pub reason: RevokeReason,
+    /// When the controller revoked it (its clock; informational).
+    pub at: Time,
+}
+
+/// Why a grant was revoked.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum RevokeReason {
+    /// The holder's Pod object is gone.
+    PodGone,
+    /// The holder's pod was replaced by another pod of the same name (another UID).
+    PodReplaced,
+    /// The holder's pod reached phase Succeeded or Failed.
+    PodFinished,
+    /// The holder's claim was not renewed within its lease duration plus a grace.
+    Expired,
+    /// Someone other than the holder deleted its claim while its pod lives.
+    ForceReleased,
+}
+
+impl RevokeReason {
+    /// The reason as written in status, events and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PodGone => "PodGone",
+            Self::PodReplaced => "PodReplaced",
+            Self::PodFinished => "PodFinished",
+            Self::Expired => "Expired",
+            Self::ForceReleased => "ForceReleased",
+        }
+    }
+}
+
+/// One claim waiting for the lock.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Waiter {
+    /// Name of the waiting claim Lease.
+    pub claim: String,
+    /// Name of the pod whose process made the claim.
+    pub pod: String,
+    /// UID of that pod.
+    #[serde(rename = "podUID")]
+    pub pod_uid: String,
+    /// When the controller first queued the claim (its clock; informational).
+    pub requested_at: Time,
+}

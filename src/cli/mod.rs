@@ -1,0 +1,59 @@
+//! The `leasehold` command line: one subcommand per job.
+
+mod dev;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Fair (FIFO), fenced distributed locks for Kubernetes pods.
+#[derive(Parser, Debug)]
+#[command(name = "leasehold", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print the DistributedLock CustomResourceDefinition as YAML.
+    Crd,
+    /// Run a local control plane (etcd, kube-apiserver, kube-controller-manager) on
+    /// loopback with the CRD installed, until Ctrl-C.
+    Dev(dev::DevArgs),
+    /// Run a command that dies with this process's parent (internal).
+    #[command(hide = true)]
+    Guard {
+        /// The signal the command gets when the parent dies.
+        #[arg(long, default_value = "SIGKILL")]
+        signal: nix::sys::signal::Signal,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<OsString>,
+    },
+}
+
+/// Whether the command must run before a tokio runtime exists (it `exec`s).
+pub fn run_sync(cli: &Cli) -> Option<ExitCode> {
+    match &cli.command {
+        Command::Guard { signal, command } => {
+            let err = crate::guard::exec_guarded(*signal, command);
+            eprintln!("leasehold guard: {err}");
+            Some(ExitCode::from(127))
+        }
+        _ => None,
+    }
+}
+
+/// Run the parsed command.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Crd => print!("{}", crate::crd::crd_yaml()),
+        Command::Dev(args) => dev::run(args).await?,
+        Command::Guard { .. } => unreachable!("handled by run_sync"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

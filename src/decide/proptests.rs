@@ -1,0 +1,286 @@
+//! Property tests: random event sequences against a model of the world, checking the
+//! safety and liveness rules after every decision.
+
+use proptest::prelude::*;
+
+use super::tests::{Fixture, lock};
+use super::*;
+
+const PODS: usize = 4;
+
+#[derive(Clone, Debug)]
+enum Event {
+    /// A process in pod i asks for the lock.
+    Claim(usize),
+    /// The process behind the j-th claim ever made releases (or withdraws) it.
+    Release(usize),
+    /// The j-th claim stops being renewed and the observer judges it expired.
+    Expire(usize),
+    /// Someone deletes the j-th claim (a forced release if it holds the lock).
+    ForceDelete(usize),
+    /// Pod i is deleted; with `gc`, garbage collection also removes its claims.
+    PodDies {
+        pod: usize,
+        gc: bool,
+    },
+    /// Pod i is replaced by a pod of the same name with a new UID.
+    PodReplaced(usize),
+    /// Pod i reaches Succeeded/Failed.
+    PodFinishes(usize),
+    /// The hold-back delay of the j-th claim elapses (if it is a revoked holder).
+    HoldBackElapses(usize),
+    SetMaxHolders(i32),
+    Decide,
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        4 => (0..PODS).prop_map(Event::Claim),
+        2 => any::<usize>().prop_map(Event::Release),
+        1 => any::<usize>().prop_map(Event::Expire),
+        1 => any::<usize>().prop_map(Event::ForceDelete),
+        1 => (0..PODS, any::<bool>()).prop_map(|(pod, gc)| Event::PodDies { pod, gc }),
+        1 => (0..PODS).prop_map(Event::PodReplaced),
+        1 => (0..PODS).prop_map(Event::PodFinishes),
+        2 => any::<usize>().prop_map(Event::HoldBackElapses),
+        1 => (1..4i32).prop_map(Event::SetMaxHolders),
+        5 => Just(Event::Decide),
+    ]
+}
+
+/// The model's view of one process that was granted the lock.
+#[derive(Debug)]
+struct Process {
+    claim: String,
+    pod: String,
+    uid: String,
+    /// It has certainly stopped working under the lock.
+    stopped: bool,
+}
+
+struct Model {
+    f: Fixture,
+    /// Every claim name ever made, in arrival order.
+    made: Vec<String>,
+    /// Pod generation per pod index, for fresh UIDs.
+    generation: [u32; PODS],
+    granted: Vec<Process>,
+    last_token: i64,
+    grant_arrivals: Vec<Arrival>,
+}
+
+impl Model {
+    fn new() -> Self {
+        let mut f = lock();
+        for i in 0..PODS {
+            f.pods.insert(
+                pod(i),
+                PodView {
+                    uid: format!("{}#0", pod(i)),
+                    finished: false,
+                },
+            );
+        }
+        Model {
+            f,
+            made: Vec::new(),
+            generation: [0; PODS],
+            granted: Vec::new(),
+            last_token: 0,
+            grant_arrivals: Vec::new(),
+        }
+    }
+
+    fn nth(&self, j: usize) -> Option<String> {
+        (!self.made.is_empty()).then(|| self.made[j % self.made.len()].clone())
+    }
+
+    fn stop_where(&mut self, pred: impl Fn(&Process) -> bool) {
+        self.granted
+            .iter_mut()
+            .filter(|p| pred(p))
+            .for_each(|p| p.stopped = true);
+    }
+
+    fn apply(&mut self, e: &Event) {
+        match *e {
+            Event::Claim(i) => {
+                let name = format!("c{}", self.made.len());
+                let Some(p) = self.f.pods.get(&pod(i)) else { return };
+                let uid = p.uid.clone();
+                self.f.claims.push(ClaimView {
+                    name: name.clone(),
+                    pod: pod(i),
+                    pod_uid: uid,
+                    arrival: Arrival {
+                        created_secs: 0,
+                        seen_seq: self.made.len() as u64,
+                    },
+                    released: false,
+                    expired: false,
+                });
+                self.made.push(name);
+            }
+            Event::Release(j) | Event::Expire(j) => {
+                let Some(name) = self.nth(j) else { return };
+                if let Some(c) = self.f.claims.iter_mut().find(|c| c.name == name) {
+                    // Releasing: the process stopped first. Expiry: by the client
+                    // contract its process stopped before the observer could judge so.
+                    if matches!(e, Event::Release(_)) {
+                        c.released = true
+                    } else {
+                        c.expired = true
+                    }
+                    self.stop_where(|p| p.claim == name);
+                }
+            }
+            Event::ForceDelete(j) => {
+                let Some(name) = self.nth(j) else { return };
+                self.f.claims.retain(|c| c.name != name);
+            }
+            Event::PodDies { pod: i, gc } => {
+                self.f.pods.remove(&pod(i));
+                if gc {
+                    self.f.claims.retain(|c| c.pod != pod(i));
+                }
+                self.stop_where(|p| p.pod == pod(i));
+            }
+            Event::PodReplaced(i) => {
+                self.generation[i] += 1;
+                self.f.pods.insert(
+                    pod(i),
+                    PodView {
+                        uid: format!("{}#{}", pod(i), self.generation[i]),
+                        finished: false,
+                    },
+                );
+                let alive = self.f.pods.clone();
+                self.stop_where(|p| alive.get(&p.pod).is_none_or(|v| v.uid != p.uid));
+            }
+            Event::PodFinishes(i) => {
+                if let Some(p) = self.f.pods.get_mut(&pod(i)) {
+                    p.finished = true;
+                    self.stop_where(|p| p.pod == pod(i));
+                }
+            }
+            Event::HoldBackElapses(j) => {
+                let Some(name) = self.nth(j) else { return };
+                // The observer's delay only runs for a holder it has marked revoked; by
+                // the client contract that process has stopped when it elapses.
+                let revoked = self
+                    .f
+                    .status
+                    .holders
+                    .iter()
+                    .any(|h| h.claim == name && h.revoked.is_some());
+                if revoked {
+                    self.f.elapsed.insert(name.clone());
+                    self.stop_where(|p| p.claim == name);
+                }
+            }
+            Event::SetMaxHolders(n) => self.f.spec.max_holders = n,
+            Event::Decide => self.decide_and_check(),
+        }
+    }
+
+    fn decide_and_check(&mut self) {
+        let before = self.f.status.clone();
+        let d = self.f.decide();
+        let max = self.f.spec.max_holders as usize;
+
+        // Tokens never go backwards; every grant's token exceeds all earlier ones.
+        assert!(d.status.fencing_token >= before.fencing_token, "token went backwards");
+        for a in &d.actions {
+            if let ActionKind::Granted(token) = a.kind {
+                let (claim, pod) = (&a.claim, &a.pod);
+                assert!(token > self.last_token, "token {token} not above {}", self.last_token);
+                self.last_token = token;
+                let c = self
+                    .f
+                    .claims
+                    .iter()
+                    .find(|c| &c.name == claim)
+                    .expect("granted a claim that is not there");
+                self.grant_arrivals.push(c.arrival);
+                self.granted.push(Process {
+                    claim: claim.clone(),
+                    pod: pod.clone(),
+                    uid: c.pod_uid.clone(),
+                    stopped: false,
+                });
+                // Mutual exclusion against processes that may still run, not just status.
+                let running = self.granted.iter().filter(|p| !p.stopped).count();
+                assert!(
+                    running <= max,
+                    "{running} processes may run under a lock of {max}: {:?}",
+                    self.granted
+                );
+            }
+        }
+        // Occupied slots (revoked-but-held-back included) never exceed maxHolders
+        // because of a grant.
+        let grants = d
+            .actions
+            .iter()
+            .filter(|a| matches!(a.kind, ActionKind::Granted(_)))
+            .count();
+        if grants > 0 {
+            assert!(d.status.holders.len() <= max, "granted past maxHolders");
+        }
+        // A force-released holder whose process may still run keeps its slot.
+        for p in self.granted.iter().filter(|p| !p.stopped) {
+            assert!(
+                d.status.holders.iter().any(|h| h.claim == p.claim),
+                "slot of running {} was freed",
+                p.claim
+            );
+        }
+        // Grants in arrival order.
+        assert!(
+            self.grant_arrivals.windows(2).all(|w| w[0] < w[1]),
+            "grants out of arrival order"
+        );
+        // The queue itself stays in arrival order.
+        let arrival = |name: &str| self.f.claims.iter().find(|c| c.name == name).map(|c| c.arrival);
+        let q: Vec<_> = d.status.queue.iter().map(|w| arrival(&w.claim)).collect();
+        assert!(q.windows(2).all(|w| w[0] < w[1]), "queue out of arrival order");
+        // No live waiter is lost.
+        for c in &self.f.claims {
+            let live = self
+                .f
+                .pods
+                .get(&c.pod)
+                .is_some_and(|p| p.uid == c.pod_uid && !p.finished);
+            if live && !c.released && !c.expired {
+                let held = d.status.holders.iter().any(|h| h.claim == c.name);
+                let queued = d.status.queue.iter().any(|w| w.claim == c.name);
+                assert!(held || queued, "live claim {} lost", c.name);
+            }
+        }
+        assert_eq!(d.status.queue_length as usize, d.status.queue.len());
+        // Idempotence: the same observation decided again changes nothing.
+        self.f.status = d.status.clone();
+        let again = self.f.decide();
+        assert!(again.actions.is_empty(), "second decide acted: {:?}", again.actions);
+        assert_eq!(again.status, d.status, "second decide changed status");
+        // The observer deletes what decide asked it to; the claims then vanish.
+        self.f.claims.retain(|c| !d.delete_claims.contains(&c.name));
+    }
+}
+
+fn pod(i: usize) -> String {
+    format!("p{i}")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_histories_keep_every_rule(events in proptest::collection::vec(event(), 1..80)) {
+        let mut m = Model::new();
+        for e in &events {
+            m.apply(e);
+        }
+        m.apply(&Event::Decide);
+    }
+}

@@ -1,0 +1,323 @@
+//! Example tests of the decision rules, written with fixture builders that read as
+//! sentences: `lock().held_by("a").queued("b")`.
+
+use super::*;
+use crate::api::Holder;
+
+/// A lock plus its observed world, built up step by step.
+pub(super) struct Fixture {
+    pub spec: DistributedLockSpec,
+    pub status: DistributedLockStatus,
+    pub claims: Vec<ClaimView>,
+    pub pods: BTreeMap<String, PodView>,
+    pub elapsed: BTreeSet<String>,
+    seq: u64,
+}
+
+/// A mutex with no holders, no waiters and no claims.
+pub(super) fn lock() -> Fixture {
+    Fixture {
+        spec: DistributedLockSpec::default(),
+        status: DistributedLockStatus::default(),
+        claims: Vec::new(),
+        pods: BTreeMap::new(),
+        elapsed: BTreeSet::new(),
+        seq: 0,
+    }
+}
+
+fn uid(pod: &str) -> String {
+    format!("uid-{pod}")
+}
+
+impl Fixture {
+    pub fn max_holders(mut self, n: i32) -> Self {
+        self.spec.max_holders = n;
+        self
+    }
+
+    /// A process in pod `name` (alive) made claim `name` that nobody has seen yet.
+    pub fn claims(mut self, name: &str) -> Self {
+        self.seq += 1;
+        self.pods.insert(
+            name.into(),
+            PodView {
+                uid: uid(name),
+                finished: false,
+            },
+        );
+        self.claims.push(ClaimView {
+            name: name.into(),
+            pod: name.into(),
+            pod_uid: uid(name),
+            arrival: Arrival {
+                created_secs: 0,
+                seen_seq: self.seq,
+            },
+            released: false,
+            expired: false,
+        });
+        self
+    }
+
+    /// Claim `name` holds the lock with the next token.
+    pub fn held_by(mut self, name: &str) -> Self {
+        self = self.claims(name);
+        self.status.fencing_token += 1;
+        self.status.holders.push(Holder {
+            claim: name.into(),
+            pod: name.into(),
+            pod_uid: uid(name),
+            fencing_token: self.status.fencing_token,
+            granted_at: Time(Timestamp::UNIX_EPOCH),
+            revoked: None,
+        });
+        self
+    }
+
+    /// Claim `name` waits in the queue.
+    pub fn queued(mut self, name: &str) -> Self {
+        self = self.claims(name);
+        self.status.queue.push(Waiter {
+            claim: name.into(),
+            pod: name.into(),
+            pod_uid: uid(name),
+            requested_at: Time(Timestamp::UNIX_EPOCH),
+        });
+        self
+    }
+
+    fn claim_mut(&mut self, name: &str) -> &mut ClaimView {
+        self.claims.iter_mut().find(|c| c.name == name).expect("no such claim")
+    }
+
+    pub fn released(mut self, name: &str) -> Self {
+        self.claim_mut(name).released = true;
+        self
+    }
+
+    pub fn expired(mut self, name: &str) -> Self {
+        self.claim_mut(name).expired = true;
+        self
+    }
+
+    /// Someone deleted claim `name`; its pod lives on.
+    pub fn claim_deleted(mut self, name: &str) -> Self {
+        self.claims.retain(|c| c.name != name);
+        self
+    }
+
+    pub fn pod_gone(mut self, pod: &str) -> Self {
+        self.pods.remove(pod);
+        self
+    }
+
+    pub fn pod_replaced(mut self, pod: &str) -> Self {
+        self.pods.insert(
+            pod.into(),
+            PodView {
+                uid: format!("{}-new", uid(pod)),
+                finished: false,
+            },
+        );
+        self
+    }
+
+    pub fn pod_finished(mut self, pod: &str) -> Self {
+        self.pods.get_mut(pod).expect("no such pod").finished = true;
+        self
+    }
+
+    pub fn hold_back_elapsed(mut self, claim: &str) -> Self {
+        self.elapsed.insert(claim.into());
+        self
+    }
+
+    pub fn decide(&self) -> Decision {
+        decide(&World {
+            spec: &self.spec,
+            status: &self.status,
+            claims: &self.claims,
+            pods: &self.pods,
+            hold_back_elapsed: &self.elapsed,
+            now: Timestamp::UNIX_EPOCH,
+        })
+    }
+
+    /// Decide, and take the result as the new status.
+    pub fn then(mut self) -> (Self, Decision) {
+        let d = self.decide();
+        self.status = d.status.clone();
+        (self, d)
+    }
+}
+
+impl Decision {
+    fn holders(&self) -> Vec<&str> {
+        self.status.holders.iter().map(|h| h.claim.as_str()).collect()
+    }
+    fn queue(&self) -> Vec<&str> {
+        self.status.queue.iter().map(|w| w.claim.as_str()).collect()
+    }
+    fn granted(&self) -> Vec<(&str, i64)> {
+        self.actions
+            .iter()
+            .filter_map(|a| match a.kind {
+                ActionKind::Granted(token) => Some((a.claim.as_str(), token)),
+                _ => None,
+            })
+            .collect()
+    }
+    fn revoked(&self) -> Vec<(&str, RevokeReason)> {
+        self.actions
+            .iter()
+            .filter_map(|a| match a.kind {
+                ActionKind::Revoked(_, reason) => Some((a.claim.as_str(), reason)),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn first_claim_is_granted_token_one() {
+    let d = lock().claims("a").decide();
+    assert_eq!(d.holders(), ["a"]);
+    assert_eq!(d.granted(), [("a", 1)]);
+    assert_eq!(d.status.fencing_token, 1);
+}
+
+#[test]
+fn new_claims_queue_in_arrival_order_behind_the_holder() {
+    let d = lock().held_by("a").claims("c").claims("b").decide();
+    assert_eq!(d.holders(), ["a"]);
+    assert_eq!(d.queue(), ["c", "b"], "arrival order, not name order");
+    assert_eq!(d.status.queue_length, 2);
+}
+
+#[test]
+fn release_hands_over_to_the_head_of_the_queue_and_deletes_the_claim() {
+    let d = lock().held_by("a").queued("b").queued("c").released("a").decide();
+    assert_eq!(d.holders(), ["b"]);
+    assert_eq!(d.queue(), ["c"]);
+    assert_eq!(d.granted(), [("b", 2)]);
+    assert_eq!(d.delete_claims, ["a"]);
+}
+
+#[test]
+fn pod_gone_replaced_or_finished_frees_the_slot_at_once() {
+    for (f, reason) in [
+        (lock().held_by("a").queued("b").pod_gone("a"), RevokeReason::PodGone),
+        (
+            lock().held_by("a").queued("b").pod_replaced("a"),
+            RevokeReason::PodReplaced,
+        ),
+        (
+            lock().held_by("a").queued("b").pod_finished("a"),
+            RevokeReason::PodFinished,
+        ),
+        (lock().held_by("a").queued("b").expired("a"), RevokeReason::Expired),
+    ] {
+        let d = f.decide();
+        assert_eq!(d.revoked(), [("a", reason)]);
+        assert_eq!(d.holders(), ["b"], "{reason:?} frees the slot at once");
+    }
+}
+
+#[test]
+fn forced_release_holds_the_slot_back_until_the_delay_elapses() {
+    let (f, d) = lock().held_by("a").queued("b").claim_deleted("a").then();
+    assert_eq!(d.revoked(), [("a", RevokeReason::ForceReleased)]);
+    assert_eq!(d.holders(), ["a"], "slot held back");
+    assert!(d.status.holders[0].revoked.is_some());
+    assert_eq!(d.queue(), ["b"]);
+
+    let (f, d) = f.then();
+    assert!(
+        d.actions.is_empty(),
+        "nothing changes before the delay: {:?}",
+        d.actions
+    );
+
+    let d = f.hold_back_elapsed("a").decide();
+    assert_eq!(d.holders(), ["b"]);
+    assert_eq!(d.granted(), [("b", 2)]);
+}
+
+#[test]
+fn forced_release_slot_passes_on_when_the_pod_goes() {
+    let (f, _) = lock().held_by("a").queued("b").claim_deleted("a").then();
+    let d = f.pod_gone("a").decide();
+    assert!(matches!(d.actions[0].kind, ActionKind::SlotFreed(1)));
+    assert_eq!(d.holders(), ["b"]);
+}
+
+#[test]
+fn semaphore_grants_up_to_max_holders() {
+    let d = lock()
+        .max_holders(3)
+        .claims("a")
+        .claims("b")
+        .claims("c")
+        .claims("d")
+        .decide();
+    assert_eq!(d.holders(), ["a", "b", "c"]);
+    assert_eq!(d.queue(), ["d"]);
+    assert_eq!(d.granted(), [("a", 1), ("b", 2), ("c", 3)]);
+}
+
+#[test]
+fn lowering_max_holders_revokes_no_one_and_grants_nothing() {
+    let d = lock()
+        .max_holders(3)
+        .held_by("a")
+        .held_by("b")
+        .queued("c")
+        .max_holders(1)
+        .decide();
+    assert_eq!(d.holders(), ["a", "b"]);
+    assert_eq!(d.queue(), ["c"]);
+}
+
+#[test]
+fn waiters_that_withdraw_expire_or_lose_their_pod_drop_out() {
+    let d = lock().held_by("a").queued("b").queued("c").queued("d").queued("e");
+    let d = d.released("b").expired("c").pod_gone("d").decide();
+    assert_eq!(d.queue(), ["e"]);
+    assert_eq!(d.delete_claims, ["b", "c", "d"]);
+}
+
+#[test]
+fn claims_of_unknown_or_stale_pods_are_ignored_not_queued() {
+    let d = lock()
+        .held_by("a")
+        .claims("b")
+        .pod_gone("b")
+        .claims("c")
+        .pod_replaced("c")
+        .decide();
+    assert_eq!(d.queue(), Vec::<&str>::new());
+    assert_eq!(
+        d.ignored,
+        [
+            ("b".to_string(), IgnoreReason::PodNotFound),
+            ("c".to_string(), IgnoreReason::PodUidMismatch)
+        ]
+    );
+}
+
+#[test]
+fn deciding_twice_changes_nothing() {
+    let (f, _) = lock().held_by("a").queued("b").claims("c").released("a").then();
+    let d = f.decide();
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert_eq!(d.status, f.status);
+}
+
+#[test]
+fn tokens_continue_from_status_even_when_holders_carry_higher_ones() {
+    let mut f = lock().held_by("a").queued("b");
+    f.status.fencing_token = 0; // a hand-edited status
+    let d = f.released("a").decide();
+    assert_eq!(d.granted(), [("b", 2)], "never reuse a holder's token");
+}
