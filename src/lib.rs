@@ -3,7 +3,9 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod claim;
 pub mod cli;
+pub mod controller;
 pub mod crd;
 pub mod decide;
 pub mod dev;

@@ -1,5 +1,6 @@
 //! The `leasehold` command line: one subcommand per job.
 
+mod controller;
 mod dev;
 
 use std::ffi::OsString;
@@ -21,6 +22,8 @@ pub struct Cli {
 pub enum Command {
     /// Print the DistributedLock CustomResourceDefinition as YAML.
     Crd,
+    /// Run the controller (the operator) against the current kubeconfig or in-cluster.
+    Controller(controller::ControllerArgs),
     /// Run a local control plane (etcd, kube-apiserver, kube-controller-manager) on
     /// loopback with the CRD installed, until Ctrl-C.
     Dev(dev::DevArgs),
@@ -52,6 +55,7 @@ pub fn run_sync(cli: &Cli) -> Option<ExitCode> {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Crd => print!("{}", crate::crd::crd_yaml()),
+        Command::Controller(args) => controller::run(args).await?,
         Command::Dev(args) => dev::run(args).await?,
         Command::Guard { .. } => unreachable!("handled by run_sync"),
     }

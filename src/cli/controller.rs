@@ -1,0 +1,43 @@
+//! `leasehold controller`: run the operator.
+
+use std::net::SocketAddr;
+
+/// Options of `leasehold controller`.
+#[derive(clap::Args, Debug)]
+pub struct ControllerArgs {
+    /// Address for /metrics, /healthz and /readyz.
+    #[arg(long, env = "LEASEHOLD_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+    /// Elect a leader among replicas through a Lease in this namespace (usually the
+    /// controller's own, from the downward API). Without it, run as the only replica.
+    #[arg(long, env = "LEASEHOLD_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// This replica's identity for leader election.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+}
+
+/// Run the controller until SIGINT or SIGTERM.
+pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    let client = kube::Client::try_default().await?;
+    let identity = args
+        .identity
+        .unwrap_or_else(|| format!("leasehold-{}", std::process::id()));
+    let opts = crate::controller::Options {
+        leader_election_namespace: args.leader_election_namespace,
+        identity,
+        http_addr: Some(args.http_addr),
+    };
+    crate::controller::run(client, opts, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("install SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

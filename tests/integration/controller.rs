@@ -1,0 +1,324 @@
+//! The controller against the real API server: FIFO grants, fencing tokens, handoff
+//! on release, revocation on pod death/finish, expiry and forced release, semaphores,
+//! restarts, two controllers at once, and bad input.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use leasehold::api::{DistributedLockSpec, RevokeReason};
+
+use crate::support::*;
+
+fn spec(lease: i32, max: i32) -> DistributedLockSpec {
+    DistributedLockSpec {
+        lease_duration_seconds: lease,
+        max_holders: max,
+    }
+}
+
+#[tokio::test]
+async fn fifo_order_of_five_waiters_with_handoff_on_release() {
+    let ns = TestNs::new("fifo").await;
+    let _c = spawn_controller(ns.client.clone(), "fifo");
+    ns.lock("l", spec(120, 1)).await;
+    let mut claims = Vec::new();
+    for i in 0..5 {
+        let pod = ns.pod(&format!("p{i}")).await;
+        claims.push(claim(&ns, "l", &pod, 120).await);
+        // Each claim is seen before the next is made: arrival order is p0..p4.
+        ns.wait_lock("l", "claim queued", |l| holders(l).len() + queue(l).len() == i + 1)
+            .await;
+    }
+    let l = ns.wait_lock("l", "p0 holds", |l| holders(l) == ["p0"]).await;
+    assert_eq!(queue(&l), ["p1", "p2", "p3", "p4"]);
+    assert_eq!(l.status.as_ref().unwrap().queue_length, 4);
+    let mut last = 0;
+    for i in 0..5 {
+        let l = ns
+            .wait_lock("l", &format!("p{i} holds"), |l| holders(l) == [format!("p{i}")])
+            .await;
+        let token = tokens(&l)[0];
+        assert!(token > last, "tokens strictly increase: {token} after {last}");
+        last = token;
+        release(&ns, claim).await;
+    }
+    let l = ns.wait_lock("l", "lock free", |l| holders(l).is_empty()).await;
+    assert_eq!(l.status.unwrap().fencing_token, 5);
+    let left = wait_for("released claims deleted", DEADLINE, || async {
+        let n = leases(&ns).list(&Default::default()).await.unwrap().items.len();
+        (n == 0).then_some(n)
+    })
+    .await;
+    assert_eq!(left, 0);
+    let reasons = event_reasons(&ns, "l").await;
+    assert_eq!(reasons.iter().filter(|r| *r == "Granted").count(), 5, "{reasons:?}");
+    assert_eq!(reasons.iter().filter(|r| *r == "Released").count(), 5, "{reasons:?}");
+}
+
+#[tokio::test]
+async fn holder_pod_deleted_or_finished_revokes_at_once() {
+    let ns = TestNs::new("poddeath").await;
+    let _c = spawn_controller(ns.client.clone(), "poddeath");
+    ns.lock("l", spec(120, 1)).await;
+    let (a, b, c) = (ns.pod("a").await, ns.pod("b").await, ns.pod("c").await);
+    claim(&ns, "l", &a, 120).await;
+    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    claim(&ns, "l", &b, 120).await;
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    claim(&ns, "l", &c, 120).await;
+    ns.wait_lock("l", "c waits", |l| queue(l) == ["b", "c"]).await;
+
+    ns.delete_pod("a").await;
+    let l = ns
+        .wait_lock("l", "b holds after a's pod is gone", |l| holders(l) == ["b"])
+        .await;
+    assert_eq!(tokens(&l), [2]);
+
+    ns.set_phase("b", "Succeeded").await;
+    let l = ns
+        .wait_lock("l", "c holds after b's pod finished", |l| holders(l) == ["c"])
+        .await;
+    assert_eq!(tokens(&l), [3]);
+    let reasons = event_reasons(&ns, "l").await;
+    assert_eq!(reasons.iter().filter(|r| *r == "Revoked").count(), 2, "{reasons:?}");
+}
+
+#[tokio::test]
+async fn unrenewed_claim_expires_and_the_next_waiter_is_granted() {
+    let ns = TestNs::new("expiry").await;
+    let _c = spawn_controller(ns.client.clone(), "expiry");
+    ns.lock("l", spec(2, 1)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let ca = claim(&ns, "l", &a, 2).await;
+    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    let cb = claim(&ns, "l", &b, 2).await;
+    let _renew_b = keep_renewing(&ns, &cb, Duration::from_millis(400));
+    let since = Instant::now();
+    let l = ns
+        .wait_lock("l", "b holds after a expired", |l| holders(l) == ["b"])
+        .await;
+    assert!(
+        since.elapsed() >= Duration::from_secs(2),
+        "expired too early: {:?}",
+        since.elapsed()
+    );
+    assert_eq!(tokens(&l), [2]);
+    wait_for("expired claim deleted", DEADLINE, || async {
+        leases(&ns).get_opt(&ca).await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn forced_release_holds_the_slot_back_for_a_lease_duration() {
+    let ns = TestNs::new("forced").await;
+    let _c = spawn_controller(ns.client.clone(), "forced");
+    let lease = 3;
+    ns.lock("l", spec(lease, 1)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let ca = claim(&ns, "l", &a, lease).await;
+    let _ra = keep_renewing(&ns, &ca, Duration::from_millis(500));
+    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    let cb = claim(&ns, "l", &b, lease).await;
+    let _rb = keep_renewing(&ns, &cb, Duration::from_millis(500));
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+
+    leases(&ns)
+        .delete(&ca, &Default::default())
+        .await
+        .expect("admin deletes a's claim");
+    let deleted = Instant::now();
+    let l = ns
+        .wait_lock("l", "a revoked but holding its slot", |l| {
+            l.status
+                .as_ref()
+                .unwrap()
+                .holders
+                .first()
+                .and_then(|h| h.revoked.as_ref())
+                .is_some()
+        })
+        .await;
+    let h = &l.status.as_ref().unwrap().holders[0];
+    assert_eq!(h.revoked.as_ref().unwrap().reason, RevokeReason::ForceReleased);
+    assert_eq!(queue(&l), ["b"]);
+    let l = ns
+        .wait_lock("l", "b holds after the hold-back", |l| holders(l) == ["b"])
+        .await;
+    let waited = deleted.elapsed();
+    assert!(
+        waited >= Duration::from_secs(lease as u64),
+        "slot passed on after {waited:?}, before one lease duration"
+    );
+    assert_eq!(tokens(&l), [2]);
+}
+
+#[tokio::test]
+async fn semaphore_with_max_holders_three() {
+    let ns = TestNs::new("sema").await;
+    let _c = spawn_controller(ns.client.clone(), "sema");
+    ns.lock("l", spec(120, 3)).await;
+    let mut claims = Vec::new();
+    for i in 0..5 {
+        let pod = ns.pod(&format!("p{i}")).await;
+        claims.push(claim(&ns, "l", &pod, 120).await);
+        ns.wait_lock("l", "claim seen", |l| holders(l).len() + queue(l).len() == i + 1)
+            .await;
+    }
+    let l = ns.wait_lock("l", "three hold", |l| holders(l).len() == 3).await;
+    assert_eq!(holders(&l), ["p0", "p1", "p2"]);
+    assert_eq!(queue(&l), ["p3", "p4"]);
+    assert_eq!(tokens(&l), [1, 2, 3]);
+    release(&ns, &claims[1]).await;
+    let l = ns
+        .wait_lock("l", "p3 joins the holders", |l| holders(l) == ["p0", "p2", "p3"])
+        .await;
+    assert_eq!(tokens(&l), [1, 3, 4]);
+}
+
+#[tokio::test]
+async fn controller_restart_mid_queue_loses_no_waiter_and_never_double_grants() {
+    let ns = TestNs::new("restart").await;
+    let c = spawn_controller(ns.client.clone(), "restart-1");
+    ns.lock("l", spec(120, 1)).await;
+    let mut claims = Vec::new();
+    for i in 0..3 {
+        let pod = ns.pod(&format!("p{i}")).await;
+        claims.push(claim(&ns, "l", &pod, 120).await);
+        ns.wait_lock("l", "claim seen", |l| holders(l).len() + queue(l).len() == i + 1)
+            .await;
+    }
+    c.abort();
+    let _ = c.await;
+    // While no controller runs: a new claim arrives and the holder releases.
+    let p3 = ns.pod("p3").await;
+    claims.push(claim(&ns, "l", &p3, 120).await);
+    release(&ns, &claims[0]).await;
+    let _c = spawn_controller(ns.client.clone(), "restart-2");
+    let l = ns
+        .wait_lock("l", "p1 holds after restart", |l| holders(l) == ["p1"])
+        .await;
+    assert_eq!(queue(&l), ["p2", "p3"], "no waiter lost, order kept");
+    assert_eq!(tokens(&l), [2]);
+    for i in 1..4 {
+        ns.wait_lock("l", "next holds", |l| holders(l) == [format!("p{i}")])
+            .await;
+        release(&ns, &claims[i]).await;
+    }
+    let l = ns.wait_lock("l", "free", |l| holders(l).is_empty()).await;
+    assert_eq!(l.status.unwrap().fencing_token, 4);
+}
+
+#[tokio::test]
+async fn two_controllers_at_once_never_exceed_max_holders() {
+    let ns = TestNs::new("twoctl").await;
+    let _c1 = spawn_controller(ns.client.clone(), "twin-1");
+    let _c2 = spawn_controller(ns.client.clone(), "twin-2");
+    ns.lock("l", spec(120, 1)).await;
+    // Record every status version the API server stores.
+    let mut versions = watcher(ns.locks(), watcher::Config::default())
+        .applied_objects()
+        .boxed();
+    let recorder = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while let Some(Ok(l)) = versions.next().await {
+            let st = l.status.clone().unwrap_or_default();
+            seen.push((st.holders.len(), st.fencing_token));
+            if st.fencing_token >= 30 && st.holders.is_empty() {
+                break;
+            }
+        }
+        seen
+    });
+    let mut pods = Vec::new();
+    for i in 0..3 {
+        pods.push(ns.pod(&format!("p{i}")).await);
+    }
+    for round in 0..10 {
+        let claims: Vec<String> = futures::future::join_all(pods.iter().map(|p| claim(&ns, "l", p, 120))).await;
+        for _ in 0..3 {
+            let l = ns
+                .wait_lock("l", &format!("a holder in round {round}"), |l| holders(l).len() == 1)
+                .await;
+            let holder = &l.status.as_ref().unwrap().holders[0].claim;
+            assert!(claims.contains(holder));
+            release(&ns, holder).await;
+            ns.wait_lock("l", "the release is processed", |l| {
+                !l.status.as_ref().unwrap().holders.iter().any(|h| &h.claim == holder)
+            })
+            .await;
+        }
+    }
+    let seen = tokio::time::timeout(DEADLINE, recorder)
+        .await
+        .expect("recorder finished")
+        .unwrap();
+    assert!(
+        seen.iter().all(|(holders, _)| *holders <= 1),
+        "two holders at once: {seen:?}"
+    );
+    assert!(
+        seen.windows(2).all(|w| w[0].1 <= w[1].1),
+        "token went backwards: {seen:?}"
+    );
+    assert_eq!(seen.last().unwrap().1, 30, "30 grants, each with its own token");
+}
+
+#[tokio::test]
+async fn bad_claims_get_warnings_and_block_nothing() {
+    let ns = TestNs::new("bad").await;
+    let _c = spawn_controller(ns.client.clone(), "bad");
+    let a = ns.pod("a").await;
+    // A claim for a lock that does not exist yet waits, with a Warning.
+    let early = claim(&ns, "later", &a, 120).await;
+    wait_for("LockNotFound warning", DEADLINE, || async {
+        event_reasons(&ns, &early)
+            .await
+            .contains(&"LockNotFound".to_string())
+            .then_some(())
+    })
+    .await;
+    ns.lock("later", spec(120, 1)).await;
+    ns.wait_lock("later", "the early claim is granted once the lock exists", |l| {
+        holders(l) == ["a"]
+    })
+    .await;
+
+    // A malformed claim (no pod-uid annotation) is ignored with a Warning.
+    ns.lock("l", spec(120, 1)).await;
+    let b = ns.pod("b").await;
+    let mut bad = leasehold::claim::claim_lease("bad-claim", "l", &b, 120);
+    bad.metadata.annotations = None;
+    leases(&ns).create(&PostParams::default(), &bad).await.unwrap();
+    wait_for("InvalidClaim warning", DEADLINE, || async {
+        event_reasons(&ns, "bad-claim")
+            .await
+            .contains(&"InvalidClaim".to_string())
+            .then_some(())
+    })
+    .await;
+    // ...and blocks no one.
+    claim(&ns, "l", &b, 120).await;
+    let l = ns
+        .wait_lock("l", "the good claim is granted", |l| holders(l) == ["b"])
+        .await;
+    assert!(
+        l.status.as_ref().unwrap().holders[0].claim.starts_with("l-"),
+        "the valid claim holds"
+    );
+    // An odd status edit does not crash the controller: a duplicate holder entry.
+    let mut st = l.status.clone().unwrap();
+    st.holders.push(st.holders[0].clone());
+    ns.locks()
+        .patch_status(
+            "l",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "status": st })),
+        )
+        .await
+        .unwrap();
+    ns.wait_lock("l", "the duplicate is cleaned up", |l| holders(l) == ["b"])
+        .await;
+}

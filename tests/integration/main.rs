@@ -1,0 +1,9 @@
+//! Integration tests against a real kube-apiserver, etcd and kube-controller-manager
+//! started on loopback by `leasehold dev` (one control plane for this test binary).
+//!
+//! The binaries come from `scripts/provision-k8s.sh` (run by `scripts/test.sh`).
+
+mod controller;
+mod harness;
+mod smoke;
+mod support;

@@ -1,0 +1,252 @@
+//! Test support: one real control plane per test binary, a namespace per test,
+//! Pods standing for in-pod clients, and an in-process controller.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use leasehold::api::{DistributedLock, DistributedLockSpec};
+use leasehold::claim::PodIdentity;
+
+/// The leasehold binary under test.
+pub const LEASEHOLD: &str = env!("CARGO_BIN_EXE_leasehold");
+/// Default deadline for waiting on a condition.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+static SHARED: OnceLock<PathBuf> = OnceLock::new();
+
+/// The kubeconfig of this test binary's control plane, started on first use by
+/// `leasehold dev --die-with-parent` from a thread that lives as long as the process
+/// (the parent-death signal is tied to the spawning thread).
+pub fn kubeconfig() -> &'static PathBuf {
+    SHARED.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut child = Command::new(LEASEHOLD)
+                .args(["dev", "--die-with-parent"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn leasehold dev");
+            let stdout = child.stdout.take().expect("piped stdout");
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(path) = line.strip_prefix("KUBECONFIG=") {
+                    tx.send(PathBuf::from(path)).expect("test waits for the kubeconfig");
+                }
+            }
+            let _keep = child; // hold the child while this thread parks forever
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(600))
+            .expect("leasehold dev did not become ready (see its stderr above)")
+    })
+}
+
+/// A client for the shared control plane (one per test: clients are tied to a runtime).
+pub async fn client() -> Client {
+    leasehold::telemetry::init();
+    leasehold::dev::client_for(kubeconfig())
+        .await
+        .expect("client for the local control plane")
+}
+
+/// Wait until `check` returns Some, or panic after `deadline` naming `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = Instant::now() + deadline;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out after {deadline:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A namespace of one test, with its default ServiceAccount in place.
+pub struct TestNs {
+    /// Admin client.
+    pub client: Client,
+    /// The namespace's name.
+    pub name: String,
+}
+
+impl TestNs {
+    /// Create `t-<prefix>-<random>` and wait for its default ServiceAccount.
+    pub async fn new(prefix: &str) -> Self {
+        let client = client().await;
+        let name = format!("t-{prefix}-{:06x}", rand::random::<u32>() & 0xffffff);
+        let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
+        let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
+        wait_for("default ServiceAccount", DEADLINE, || async {
+            sas.get_opt("default").await.ok().flatten()
+        })
+        .await;
+        TestNs { client, name }
+    }
+
+    /// Apply a DistributedLock.
+    pub async fn lock(&self, name: &str, spec: DistributedLockSpec) -> DistributedLock {
+        let lock = DistributedLock::new(name, spec);
+        self.locks()
+            .create(&PostParams::default(), &lock)
+            .await
+            .expect("create DistributedLock")
+    }
+
+    /// The DistributedLock API of this namespace.
+    pub fn locks(&self) -> Api<DistributedLock> {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// The Pod API of this namespace.
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// Create a Pod object standing for an in-pod client (it never runs: no kubelet).
+    pub async fn pod(&self, name: &str) -> PodIdentity {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "app", "image": "leasehold:dev"}]}
+        }))
+        .unwrap();
+        let pod = self
+            .pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("create pod");
+        PodIdentity {
+            name: name.into(),
+            namespace: self.name.clone(),
+            uid: pod.uid().unwrap(),
+        }
+    }
+
+    /// Set a pod's phase through the status subresource.
+    pub async fn set_phase(&self, pod: &str, phase: &str) {
+        let patch = serde_json::json!({"status": {"phase": phase}});
+        self.pods()
+            .patch_status(pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("set pod phase");
+    }
+
+    /// Delete a pod (unscheduled pods go at once).
+    pub async fn delete_pod(&self, pod: &str) {
+        self.pods().delete(pod, &Default::default()).await.expect("delete pod");
+    }
+
+    /// Wait until the lock's status satisfies `pred`; return that lock.
+    pub async fn wait_lock(&self, lock: &str, what: &str, pred: impl Fn(&DistributedLock) -> bool) -> DistributedLock {
+        let api = self.locks();
+        wait_for(what, DEADLINE, || {
+            let api = api.clone();
+            let pred = &pred;
+            async move { api.get(lock).await.ok().filter(|l| pred(l)) }
+        })
+        .await
+    }
+}
+
+/// Run a controller in this process (no leader election, no HTTP) until aborted.
+pub fn spawn_controller(client: Client, identity: &str) -> tokio::task::JoinHandle<()> {
+    let opts = leasehold::controller::Options {
+        leader_election_namespace: None,
+        identity: identity.into(),
+        http_addr: None,
+    };
+    tokio::spawn(async move {
+        leasehold::controller::run(client, opts, std::future::pending())
+            .await
+            .expect("controller failed");
+    })
+}
+
+/// The pods of the current holders of a lock.
+pub fn holders(lock: &DistributedLock) -> Vec<String> {
+    lock.status
+        .as_ref()
+        .map(|s| s.holders.iter().map(|h| h.pod.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// The pods of the queue of a lock.
+pub fn queue(lock: &DistributedLock) -> Vec<String> {
+    lock.status
+        .as_ref()
+        .map(|s| s.queue.iter().map(|w| w.pod.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// The claim Lease API of a namespace.
+pub fn leases(ns: &TestNs) -> Api<k8s_openapi::api::coordination::v1::Lease> {
+    Api::namespaced(ns.client.clone(), &ns.name)
+}
+
+/// Create a claim for `lock` from `pod` (the raw protocol); returns its name.
+pub async fn claim(ns: &TestNs, lock: &str, pod: &PodIdentity, lease_secs: i32) -> String {
+    let name = leasehold::claim::claim_name(lock);
+    let lease = leasehold::claim::claim_lease(&name, lock, pod, lease_secs);
+    leases(ns)
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("create claim");
+    name
+}
+
+/// Mark a claim released (the raw protocol).
+pub async fn release(ns: &TestNs, claim: &str) {
+    let patch = Patch::Merge(leasehold::claim::release_patch());
+    leases(ns)
+        .patch(claim, &PatchParams::default(), &patch)
+        .await
+        .expect("release claim");
+}
+
+/// Renew a claim every `every` until the task is aborted (what a live client does).
+pub fn keep_renewing(ns: &TestNs, claim: &str, every: Duration) -> tokio::task::JoinHandle<()> {
+    let (api, claim) = (leases(ns), claim.to_string());
+    tokio::spawn(async move {
+        loop {
+            let patch = Patch::Merge(leasehold::claim::renew_patch());
+            if api.patch(&claim, &PatchParams::default(), &patch).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(every).await;
+        }
+    })
+}
+
+/// The fencing tokens of the current holders.
+pub fn tokens(lock: &DistributedLock) -> Vec<i64> {
+    lock.status
+        .as_ref()
+        .map(|s| s.holders.iter().map(|h| h.fencing_token).collect())
+        .unwrap_or_default()
+}
+
+/// Reasons of the Kubernetes events about `object` in the namespace.
+pub async fn event_reasons(ns: &TestNs, object: &str) -> Vec<String> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(ns.client.clone(), &ns.name);
+    let list = api.list(&Default::default()).await.expect("list events");
+    list.items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object))
+        .filter_map(|e| e.reason)
+        .collect()
+}
