@@ -35,7 +35,7 @@ async fn fifo_order_of_five_waiters_with_handoff_on_release() {
     assert_eq!(queue(&l), ["p1", "p2", "p3", "p4"]);
     assert_eq!(l.status.as_ref().unwrap().queue_length, 4);
     let mut last = 0;
-    for i in 0..5 {
+    for (i, claim) in claims.iter().enumerate() {
         let l = ns
             .wait_lock("l", &format!("p{i} holds"), |l| holders(l) == [format!("p{i}")])
             .await;
