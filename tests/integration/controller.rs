@@ -202,10 +202,10 @@ async fn controller_restart_mid_queue_loses_no_waiter_and_never_double_grants() 
         .await;
     assert_eq!(queue(&l), ["p2", "p3"], "no waiter lost, order kept");
     assert_eq!(tokens(&l), [2]);
-    for i in 1..4 {
+    for (i, claim) in claims.iter().enumerate().skip(1) {
         ns.wait_lock("l", "next holds", |l| holders(l) == [format!("p{i}")])
             .await;
-        release(&ns, &claims[i]).await;
+        release(&ns, claim).await;
     }
     let l = ns.wait_lock("l", "free", |l| holders(l).is_empty()).await;
     assert_eq!(l.status.unwrap().fencing_token, 4);
