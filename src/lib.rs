@@ -5,6 +5,7 @@
 pub mod api;
 pub mod claim;
 pub mod cli;
+pub mod client;
 pub mod controller;
 pub mod crd;
 pub mod decide;

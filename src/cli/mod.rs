@@ -2,6 +2,8 @@
 
 mod controller;
 mod dev;
+pub mod run;
+mod status;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -24,6 +26,10 @@ pub enum Command {
     Crd,
     /// Run the controller (the operator) against the current kubeconfig or in-cluster.
     Controller(controller::ControllerArgs),
+    /// Hold a lock while running a command: `leasehold run --lock NAME -- CMD ARGS...`.
+    Run(run::RunArgs),
+    /// Show a lock's holders, fencing token and queue.
+    Status(status::StatusArgs),
     /// Run a local control plane (etcd, kube-apiserver, kube-controller-manager) on
     /// loopback with the CRD installed, until Ctrl-C.
     Dev(dev::DevArgs),
@@ -54,6 +60,8 @@ pub fn run_sync(cli: &Cli) -> Option<ExitCode> {
 /// Run the parsed command.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Run(args) => return run::run(args).await,
+        Command::Status(args) => status::run(args).await?,
         Command::Crd => print!("{}", crate::crd::crd_yaml()),
         Command::Controller(args) => controller::run(args).await?,
         Command::Dev(args) => dev::run(args).await?,

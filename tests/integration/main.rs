@@ -3,7 +3,9 @@
 //!
 //! The binaries come from `scripts/provision-k8s.sh` (run by `scripts/test.sh`).
 
+mod client;
 mod controller;
 mod harness;
+mod proxy;
 mod smoke;
 mod support;

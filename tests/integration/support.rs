@@ -51,7 +51,11 @@ pub fn kubeconfig() -> &'static PathBuf {
 
 /// A client for the shared control plane (one per test: clients are tied to a runtime).
 pub async fn client() -> Client {
-    leasehold::telemetry::init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
     leasehold::dev::client_for(kubeconfig())
         .await
         .expect("client for the local control plane")

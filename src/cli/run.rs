@@ -1,0 +1,127 @@
+//! `leasehold run --lock NAME -- CMD`: run CMD while holding the lock.
+//!
+//! CMD gets `LEASEHOLD_LOCK`, `LEASEHOLD_NAMESPACE` and `LEASEHOLD_FENCING_TOKEN`.
+//! SIGTERM/SIGINT are forwarded to it; when it exits the lock is released and its exit
+//! status becomes ours. If the grant is lost, CMD gets SIGTERM and, after the safety
+//! margin, SIGKILL — so it is dead before the lease could run out. CMD runs under
+//! `leasehold guard`, so it dies with us even if we are killed by SIGKILL.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::client::{Error as ClientError, Lock, safety_margin};
+
+/// Exit status when `--timeout` passed before the lock was granted (EX_TEMPFAIL).
+pub const EXIT_TIMEOUT: u8 = 75;
+/// Exit status when the grant was lost while CMD ran (EX_PROTOCOL).
+pub const EXIT_LOST: u8 = 76;
+
+/// Options of `leasehold run`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The DistributedLock to hold while CMD runs.
+    #[arg(long)]
+    pub lock: String,
+    /// The lock's namespace (must be the pod's own). Default: $POD_NAMESPACE, else the
+    /// kubeconfig's namespace.
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+    /// Give up waiting after this long (e.g. `30s`, `5m`) and exit with status 75.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Path of a kubeconfig; default: $KUBECONFIG, ~/.kube/config, or in-cluster.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub command: Vec<OsString>,
+}
+
+/// Build a client, honouring `--kubeconfig`.
+pub async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
+    Ok(match kubeconfig {
+        Some(path) => crate::dev::client_for(path).await?,
+        None => kube::Client::try_default().await?,
+    })
+}
+
+/// Acquire, run CMD, release; returns CMD's exit status (or 75 / 76).
+pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let client = client(args.kubeconfig.as_ref()).await?;
+    let namespace = args
+        .namespace
+        .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let lock_name = args.lock.clone();
+    let lock = Lock::builder(client, &namespace, &args.lock)
+        .on_wait(move |w| {
+            eprintln!(
+                "leasehold: waiting for lock {lock_name}: position {} in queue, held by {}",
+                w.position,
+                w.holders.join(", ")
+            );
+        })
+        .build()?;
+    let guard = match args.timeout {
+        Some(t) => lock.acquire_timeout(t).await,
+        None => lock.acquire().await,
+    };
+    let guard = match guard {
+        Ok(g) => g,
+        Err(ClientError::Timeout(t)) => {
+            eprintln!("leasehold: lock {} not granted within {t:?}", args.lock);
+            return Ok(ExitCode::from(EXIT_TIMEOUT));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let token = guard.fencing_token();
+    eprintln!("leasehold: holding lock {} with fencing token {token}", args.lock);
+    let (program, rest) = args.command.split_first().expect("clap requires a command");
+    let mut cmd = crate::guard::guarded_command(&crate::guard::self_exe()?, Signal::SIGKILL, program.clone());
+    cmd.args(rest)
+        .env("LEASEHOLD_LOCK", &args.lock)
+        .env("LEASEHOLD_NAMESPACE", &namespace)
+        .env("LEASEHOLD_FENCING_TOKEN", token.to_string());
+    if guard.is_lost() {
+        eprintln!("leasehold: the grant was lost before the command started");
+        return Ok(ExitCode::from(EXIT_LOST));
+    }
+    let mut child = cmd.spawn()?;
+    let pid = Pid::from_raw(child.id().expect("a just-spawned child has a pid") as i32);
+    let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status?,
+            _ = term.recv() => { let _ = kill(pid, Signal::SIGTERM); }
+            _ = int.recv() => { let _ = kill(pid, Signal::SIGINT); }
+            _ = guard.lost() => {
+                let grace = safety_margin(guard.lease_duration());
+                eprintln!("leasehold: lost lock {}: stopping the command (SIGKILL in {grace:?})", args.lock);
+                let _ = kill(pid, Signal::SIGTERM);
+                if tokio::time::timeout(grace, child.wait()).await.is_err() {
+                    let _ = child.kill().await;
+                }
+                let _ = guard.release().await;
+                return Ok(ExitCode::from(EXIT_LOST));
+            }
+        }
+    };
+    guard.release().await?;
+    Ok(exit_code(status))
+}
+
+/// CMD's exit status as ours: its code, or 128 + the signal that ended it.
+fn exit_code(status: std::process::ExitStatus) -> ExitCode {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => ExitCode::from(c as u8),
+        (None, Some(s)) => ExitCode::from(128 + s as u8),
+        _ => ExitCode::FAILURE,
+    }
+}

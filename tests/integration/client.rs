@@ -1,0 +1,319 @@
+//! The in-pod client library and `leasehold run` against the real API server.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use leasehold::api::DistributedLockSpec;
+use leasehold::claim::PodIdentity;
+use leasehold::client::Lock;
+use tokio::process::{Child, Command};
+
+use crate::proxy::Proxy;
+use crate::support::*;
+
+fn spec(lease: i32) -> DistributedLockSpec {
+    DistributedLockSpec {
+        lease_duration_seconds: lease,
+        max_holders: 1,
+    }
+}
+
+/// A scratch dir for one test's shared log and the runs' stderr.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("leasehold-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Start `leasehold run` as `pod` with `script` (sh) as CMD; `$LOG` is the shared log.
+fn run(kubeconfig: &Path, ns: &TestNs, pod: &PodIdentity, dir: &Path, extra: &[&str], script: &str) -> Child {
+    let stderr = std::fs::File::create(dir.join(format!("{}.stderr", pod.name))).unwrap();
+    Command::new(LEASEHOLD)
+        .arg("run")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--lock", "l", "--namespace", &ns.name])
+        .args(extra)
+        .args(["--", "sh", "-c", script])
+        .env("POD_NAME", &pod.name)
+        .env("POD_NAMESPACE", &pod.namespace)
+        .env("POD_UID", &pod.uid)
+        .env("LOG", dir.join("log"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn leasehold run")
+}
+
+/// The shared log's lines, split into words.
+fn log(dir: &Path) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+    text.lines()
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect()
+}
+
+async fn wait_log(dir: &Path, what: &str, pred: impl Fn(&[Vec<String>]) -> bool) {
+    wait_for(what, DEADLINE, || async { pred(&log(dir)).then_some(()) }).await;
+}
+
+const SECTION: &str = r#"echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; sleep 0.3; echo end $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG"#;
+/// A holder that runs until SIGTERM, logging the signal.
+const UNTIL_TERM: &str = r#"trap 'echo term $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; exit 0' TERM; echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; while true; do sleep 0.1; done"#;
+
+#[tokio::test]
+async fn eight_runs_take_turns_in_request_order_with_increasing_tokens() {
+    let ns = TestNs::new("eight").await;
+    let _c = spawn_controller(ns.client.clone(), "eight");
+    ns.lock("l", spec(15)).await;
+    let dir = scratch("eight");
+    let mut children = Vec::new();
+    for i in 0..8 {
+        let pod = ns.pod(&format!("r{i}")).await;
+        children.push(run(kubeconfig(), &ns, &pod, &dir, &[], SECTION));
+        // Request order is the order in which the controller saw the claims.
+        ns.wait_lock("l", "claim seen", |l| {
+            // Every claim seen so far was either granted (one token each) or is queued.
+            let st = l.status.clone().unwrap_or_default();
+            st.fencing_token as usize + st.queue.len() > i
+        })
+        .await;
+    }
+    for mut c in children {
+        let status = tokio::time::timeout(Duration::from_secs(60), c.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(status.success(), "leasehold run exited with {status}");
+    }
+    let lines = log(&dir);
+    assert_eq!(lines.len(), 16, "{lines:?}");
+    let mut last = 0;
+    for (i, pair) in lines.chunks(2).enumerate() {
+        assert_eq!(pair[0][0], "start", "no overlap: {lines:?}");
+        assert_eq!(pair[1][0], "end", "no overlap: {lines:?}");
+        assert_eq!(
+            pair[0][1], pair[1][1],
+            "a section ends before the next starts: {lines:?}"
+        );
+        let token: i64 = pair[0][1].parse().unwrap();
+        assert!(token > last, "tokens strictly increase: {lines:?}");
+        last = token;
+        assert_eq!(
+            pair[0][2],
+            format!("r{i}"),
+            "grant order equals request order: {lines:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn run_times_out_with_status_75_and_withdraws_its_claim() {
+    let ns = TestNs::new("timeout").await;
+    let _c = spawn_controller(ns.client.clone(), "timeout");
+    ns.lock("l", spec(15)).await;
+    let holder = ns.pod("holder").await;
+    let lock = Lock::builder(ns.client.clone(), &ns.name, "l")
+        .identity(holder)
+        .build()
+        .unwrap();
+    let guard = lock.acquire().await.unwrap();
+    let dir = scratch("timeout");
+    let waiter = ns.pod("waiter").await;
+    let started = Instant::now();
+    let status = run(kubeconfig(), &ns, &waiter, &dir, &["--timeout", "2s"], "exit 0")
+        .wait()
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(75));
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(log(&dir).is_empty(), "CMD never ran");
+    let stderr = std::fs::read_to_string(dir.join("waiter.stderr")).unwrap();
+    assert!(
+        stderr.contains("position 1 in queue"),
+        "prints its queue position: {stderr}"
+    );
+    ns.wait_lock("l", "the withdrawn claim leaves the queue", |l| queue(l).is_empty())
+        .await;
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn try_acquire_and_reentrancy() {
+    let ns = TestNs::new("try").await;
+    let _c = spawn_controller(ns.client.clone(), "try");
+    ns.lock("l", spec(15)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let lock_a = Lock::builder(ns.client.clone(), &ns.name, "l")
+        .identity(a)
+        .build()
+        .unwrap();
+    let lock_b = Lock::builder(ns.client.clone(), &ns.name, "l")
+        .identity(b)
+        .build()
+        .unwrap();
+
+    let g1 = lock_a
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("a free lock is granted at once");
+    let g2 = lock_a.acquire().await.expect("reentrant acquire succeeds at once");
+    assert_eq!(g1.fencing_token(), g2.fencing_token(), "one grant, counted twice");
+    assert_eq!(g1.claim(), g2.claim());
+
+    assert!(lock_b.try_acquire().await.unwrap().is_none(), "b would have to wait");
+    ns.wait_lock("l", "b's withdrawn claim leaves the queue", |l| queue(l).is_empty())
+        .await;
+
+    g1.release().await.unwrap();
+    let l = ns
+        .wait_lock("l", "a still holds after one release", |l| holders(l) == ["a"])
+        .await;
+    assert_eq!(tokens(&l), [g2.fencing_token()]);
+    let last = g2.fencing_token();
+    g2.release().await.unwrap();
+    ns.wait_lock("l", "the last release frees the lock", |l| holders(l).is_empty())
+        .await;
+
+    let gb = lock_b.try_acquire().await.unwrap().expect("now b gets it at once");
+    assert!(gb.fencing_token() > last);
+    gb.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn forced_release_stops_cmd_before_the_next_holder_starts() {
+    let ns = TestNs::new("forcedrun").await;
+    let _c = spawn_controller(ns.client.clone(), "forcedrun");
+    ns.lock("l", spec(3)).await;
+    let dir = scratch("forcedrun");
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], UNTIL_TERM);
+    wait_log(&dir, "a starts", |l| l.len() == 1).await;
+    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], SECTION);
+    let l = ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    let claim_a = l.status.unwrap().holders[0].claim.clone();
+    leases(&ns)
+        .delete(&claim_a, &Default::default())
+        .await
+        .expect("admin deletes a's claim");
+    let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(76), "run exits with the lost-lock status");
+    assert!(run_b.wait().await.unwrap().success());
+    let lines = log(&dir);
+    let order: Vec<_> = lines.iter().map(|l| format!("{} {}", l[0], l[2])).collect();
+    assert_eq!(
+        order,
+        ["start a", "term a", "start b", "end b"],
+        "a was stopped before b started"
+    );
+}
+
+#[tokio::test]
+async fn partition_stops_cmd_before_the_lock_passes_on_after_expiry() {
+    let ns = TestNs::new("partition").await;
+    let _c = spawn_controller(ns.client.clone(), "partition");
+    ns.lock("l", spec(3)).await;
+    let dir = scratch("partition");
+    let text = std::fs::read_to_string(kubeconfig()).unwrap();
+    let port: u16 = text
+        .split("https://127.0.0.1:")
+        .nth(1)
+        .unwrap()
+        .split(['\n', '/'])
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let proxy = Proxy::start(port).await;
+    let proxied = dir.join("kubeconfig");
+    std::fs::write(
+        &proxied,
+        text.replace(&format!("127.0.0.1:{port}"), &format!("127.0.0.1:{}", proxy.port)),
+    )
+    .unwrap();
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let mut run_a = run(&proxied, &ns, &a, &dir, &[], UNTIL_TERM);
+    wait_log(&dir, "a starts", |l| l.len() == 1).await;
+    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], SECTION);
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    proxy.cut();
+    let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(76), "a's run gives up when renewals fail");
+    assert!(
+        tokio::time::timeout(DEADLINE, run_b.wait())
+            .await
+            .unwrap()
+            .unwrap()
+            .success()
+    );
+    let order: Vec<_> = log(&dir).iter().map(|l| format!("{} {}", l[0], l[2])).collect();
+    assert_eq!(
+        order,
+        ["start a", "term a", "start b", "end b"],
+        "a stopped before b started"
+    );
+}
+
+#[tokio::test]
+async fn sigkill_of_run_kills_cmd_and_the_next_holder_starts_after_expiry() {
+    let ns = TestNs::new("sigkill").await;
+    let _c = spawn_controller(ns.client.clone(), "sigkill");
+    let lease = 3;
+    ns.lock("l", spec(lease)).await;
+    let dir = scratch("sigkill");
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], UNTIL_TERM);
+    wait_log(&dir, "a starts", |l| l.len() == 1).await;
+    let cmd_pid: i32 = log(&dir)[0][3].parse().unwrap();
+    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], SECTION);
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    run_a.kill().await.unwrap();
+    let killed = Instant::now();
+    wait_for("CMD to die with its leasehold run", DEADLINE, || async {
+        let stat = std::fs::read_to_string(format!("/proc/{cmd_pid}/stat")).unwrap_or_default();
+        (stat.is_empty() || stat.rsplit(')').next().unwrap().trim_start().starts_with('Z')).then_some(())
+    })
+    .await;
+    assert!(
+        killed.elapsed() < Duration::from_secs(2),
+        "CMD died with run, not by itself"
+    );
+    wait_log(&dir, "b starts", |l| l.len() >= 2).await;
+    assert!(
+        killed.elapsed() >= Duration::from_secs(lease as u64),
+        "b started before a's claim could expire"
+    );
+    assert!(run_b.wait().await.unwrap().success());
+    let order: Vec<_> = log(&dir).iter().map(|l| format!("{} {}", l[0], l[2])).collect();
+    assert_eq!(order, ["start a", "start b", "end b"]);
+}
+
+#[tokio::test]
+async fn pod_deleted_hands_the_lock_on_promptly() {
+    let ns = TestNs::new("poddel").await;
+    let _c = spawn_controller(ns.client.clone(), "poddel");
+    ns.lock("l", spec(60)).await;
+    let dir = scratch("poddel");
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], UNTIL_TERM);
+    wait_log(&dir, "a starts", |l| l.len() == 1).await;
+    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], SECTION);
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    // Play the kubelet: stop the pod's processes, then remove the Pod object.
+    run_a.kill().await.unwrap();
+    let _ = run_a.wait().await;
+    let deleted = Instant::now();
+    ns.delete_pod("a").await;
+    wait_log(&dir, "b starts", |l| l.len() >= 2).await;
+    assert!(
+        deleted.elapsed() < Duration::from_secs(10),
+        "handed on by pod deletion, not by the 60 s expiry"
+    );
+    assert!(run_b.wait().await.unwrap().success());
+}
