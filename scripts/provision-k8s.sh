@@ -54,7 +54,7 @@ fi
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
 start=$(date +%s)
-pkgs=(golang-go rsync etcd-server etcd-client golang-github-modern-go-reflect2-dev)
+pkgs=(golang-go rsync make etcd-server etcd-client golang-github-modern-go-reflect2-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 src_list=/etc/apt/sources.list.d/leasehold-deb-src.sources

@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod check;
 pub mod claim;
 pub mod cli;
 pub mod client;

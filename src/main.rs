@@ -8,7 +8,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
     if let Some(code) = leasehold::cli::run_sync(&cli) {
         return Ok(code);
     }
-    leasehold::telemetry::init();
+    leasehold::telemetry::init(cli.default_log_filter());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(leasehold::cli::run(cli))
 }

@@ -13,6 +13,12 @@ pub struct DevArgs {
     /// Stop (and clean up) when the parent process dies; used by test harnesses.
     #[arg(long)]
     pub die_with_parent: bool,
+    /// Run the demo (three clients taking turns on one lock), then stop.
+    #[arg(long, conflicts_with = "controller")]
+    pub demo: bool,
+    /// Also run the controller, until Ctrl-C.
+    #[arg(long)]
+    pub controller: bool,
 }
 
 /// Start the control plane, install the CRD, print `KUBECONFIG=...` on stdout, and run
@@ -23,6 +29,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let started = Instant::now();
+    eprintln!("leasehold dev: starting etcd, kube-apiserver and kube-controller-manager on loopback...");
     let leasehold = crate::guard::self_exe()?;
     let cp = tokio::select! {
         cp = ControlPlane::start(&leasehold) => cp?,
@@ -30,12 +37,30 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         _ = term.recv() => anyhow::bail!("terminated while starting"),
     };
     let client = cp.client().await?;
-    crate::crd::install(client).await?;
+    crate::crd::install(client.clone()).await?;
+    if args.demo {
+        let result = super::demo::run(client, cp.kubeconfig()).await;
+        cp.stop().await;
+        return result;
+    }
+    let controller = args.controller.then(|| {
+        let opts = crate::controller::Options {
+            leader_election_namespace: None,
+            identity: "leasehold-dev".into(),
+            http_addr: Some(([127, 0, 0, 1], 8080).into()),
+        };
+        tokio::spawn(crate::controller::run(client, opts, std::future::pending()))
+    });
     eprintln!(
-        "leasehold dev: control plane ready in {:.1}s (logs in {}/logs)\n  export KUBECONFIG={}\nPress Ctrl-C to stop.",
+        "leasehold dev: control plane ready in {:.1}s (logs in {}/logs)\n  export KUBECONFIG={}\n{}Press Ctrl-C to stop.",
         started.elapsed().as_secs_f64(),
         cp.dir().display(),
-        cp.kubeconfig().display()
+        cp.kubeconfig().display(),
+        if args.controller {
+            "The controller runs too (metrics on http://127.0.0.1:8080/metrics).\n"
+        } else {
+            ""
+        }
     );
     println!("KUBECONFIG={}", cp.kubeconfig().display());
     tokio::select! {
@@ -43,6 +68,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         _ = term.recv() => {}
     }
     eprintln!("leasehold dev: stopping");
+    if let Some(c) = controller {
+        c.abort();
+    }
     cp.stop().await;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The `leasehold` command line: one subcommand per job.
 
 mod controller;
+mod demo;
 mod dev;
 pub mod run;
 mod status;
@@ -33,6 +34,19 @@ pub enum Command {
     /// Run a local control plane (etcd, kube-apiserver, kube-controller-manager) on
     /// loopback with the CRD installed, until Ctrl-C.
     Dev(dev::DevArgs),
+    /// Check a critical-section log (`start|end|term <token> <pod>` lines): mutual
+    /// exclusion, strictly increasing tokens, optionally the expected order.
+    #[command(hide = true)]
+    CheckLog {
+        /// The log file.
+        file: std::path::PathBuf,
+        /// How many sections may overlap.
+        #[arg(long, default_value_t = 1)]
+        max_holders: usize,
+        /// The expected start order of pods, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        order: Vec<String>,
+    },
     /// Run a command that dies with this process's parent (internal).
     #[command(hide = true)]
     Guard {
@@ -43,6 +57,16 @@ pub enum Command {
         #[arg(last = true, required = true)]
         command: Vec<OsString>,
     },
+}
+
+impl Cli {
+    /// The log filter used when `RUST_LOG` is unset.
+    pub fn default_log_filter(&self) -> &'static str {
+        match &self.command {
+            Command::Dev(d) if d.demo => crate::telemetry::QUIET_FILTER,
+            _ => crate::telemetry::DEFAULT_FILTER,
+        }
+    }
 }
 
 /// Whether the command must run before a tokio runtime exists (it `exec`s).
@@ -65,6 +89,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Crd => print!("{}", crate::crd::crd_yaml()),
         Command::Controller(args) => controller::run(args).await?,
         Command::Dev(args) => dev::run(args).await?,
+        Command::CheckLog {
+            file,
+            max_holders,
+            order,
+        } => {
+            let log = std::fs::read_to_string(&file)?;
+            let summary = crate::check::check_sections(&log, max_holders, false).map_err(anyhow::Error::msg)?;
+            if !order.is_empty() && summary.order != order {
+                anyhow::bail!("start order {:?} differs from the expected {order:?}", summary.order);
+            }
+            println!(
+                "ok: {} sections, tokens {:?}, order {:?}",
+                summary.order.len(),
+                summary.tokens,
+                summary.order
+            );
+        }
         Command::Guard { .. } => unreachable!("handled by run_sync"),
     }
     Ok(ExitCode::SUCCESS)

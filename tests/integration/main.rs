@@ -5,6 +5,7 @@
 
 mod client;
 mod controller;
+mod examples;
 mod harness;
 mod proxy;
 mod smoke;

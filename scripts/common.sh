@@ -1,0 +1,26 @@
+# Shared by scripts/demo.sh and scripts/test.sh: install what a fresh Debian/Ubuntu
+# machine lacks, and keep cargo's build cache between runs.
+
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/leasehold/target}
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+ensure_tools() {
+  local sudo="" missing=()
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  for tool in openssl curl gcc; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    step "installing ${missing[*]} (apt)"
+    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]/gcc/build-essential}" ca-certificates >&2
+  fi
+  if ! command -v cargo >/dev/null 2>&1; then
+    [ -x "$HOME/.cargo/bin/cargo" ] || { step "installing the Rust toolchain (rustup)"; curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c clippy,rustfmt >&2; }
+    export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+}
+
+provision_control_plane() {
+  step "provisioning the local control plane binaries (first time: builds Kubernetes v1.20.2, ~5 min)"
+  LEASEHOLD_K8S_BIN=$(scripts/provision-k8s.sh)
+  export LEASEHOLD_K8S_BIN
+}
