@@ -10,6 +10,10 @@ cd "$(dirname "$0")/.."
 ensure_tools
 provision_control_plane
 
+step "Helm chart and example manifests: lint, template, kubernetes-validate --strict"
+LEASEHOLD_HELM=$(scripts/chart-check.sh | sed -n 's/^LEASEHOLD_HELM=//p')
+export LEASEHOLD_HELM
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

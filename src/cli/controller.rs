@@ -15,6 +15,9 @@ pub struct ControllerArgs {
     /// This replica's identity for leader election.
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "LEASEHOLD_WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
 }
 
 /// Run the controller until SIGINT or SIGTERM.
@@ -27,6 +30,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         leader_election_namespace: args.leader_election_namespace,
         identity,
         http_addr: Some(args.http_addr),
+        namespace: args.namespace,
     };
     crate::controller::run(client, opts, shutdown_signal()).await?;
     Ok(())

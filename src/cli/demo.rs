@@ -24,11 +24,7 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 pub async fn run(client: Client, kubeconfig: &Path) -> anyhow::Result<()> {
     let controller = tokio::spawn(crate::controller::run(
         client.clone(),
-        crate::controller::Options {
-            leader_election_namespace: None,
-            identity: "demo".into(),
-            http_addr: None,
-        },
+        crate::controller::Options::single("demo", Some(DEMO_NAMESPACE)),
         std::future::pending(),
     ));
     create_ignoring_conflict(
@@ -84,6 +80,7 @@ pub async fn run(client: Client, kubeconfig: &Path) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(500)).await; // let the last status print
     printer.abort();
     controller.abort();
+    let _ = controller.await;
     println!("\n== done: each worker held the lock in turn, in arrival order, with a higher fencing token each time.");
     Ok(())
 }

@@ -45,9 +45,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     let controller = args.controller.then(|| {
         let opts = crate::controller::Options {
-            leader_election_namespace: None,
-            identity: "leasehold-dev".into(),
             http_addr: Some(([127, 0, 0, 1], 8080).into()),
+            ..crate::controller::Options::single("leasehold-dev", None)
         };
         tokio::spawn(crate::controller::run(client, opts, std::future::pending()))
     });

@@ -48,6 +48,32 @@ pub struct Options {
     pub identity: String,
     /// Where to serve /metrics, /healthz and /readyz; `None` serves nothing.
     pub http_addr: Option<SocketAddr>,
+    /// Watch only this namespace; `None` watches all.
+    pub namespace: Option<String>,
+}
+
+impl Options {
+    /// Options for one replica without leader election or HTTP, watching `namespace`
+    /// (or all namespaces).
+    pub fn single(identity: &str, namespace: Option<&str>) -> Self {
+        Options {
+            leader_election_namespace: None,
+            identity: identity.into(),
+            http_addr: None,
+            namespace: namespace.map(String::from),
+        }
+    }
+
+    fn api<K>(&self, client: &Client) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match &self.namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
 }
 
 /// Errors that stop the controller.
@@ -144,7 +170,7 @@ async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metrics>) {
     );
     let (lease_store, lease_writer) = reflector::store::<Lease>();
     let (pod_store, pod_writer) = reflector::store::<Pod>();
-    let controller = Controller::new(Api::<DistributedLock>::all(client.clone()), watcher::Config::default());
+    let controller = Controller::new(opts.api::<DistributedLock>(&client), watcher::Config::default());
     let lock_store = controller.store();
 
     let t = tracker.clone();
@@ -163,7 +189,7 @@ async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metrics>) {
         }
     })
     .touched_objects();
-    let pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+    let pods = watcher(opts.api::<Pod>(&client), watcher::Config::default())
         .default_backoff()
         .modify(observe::slim_pod)
         .reflect(pod_writer)

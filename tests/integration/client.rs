@@ -68,7 +68,7 @@ const UNTIL_TERM: &str = r#"trap 'echo term $LEASEHOLD_FENCING_TOKEN $POD_NAME >
 #[tokio::test]
 async fn eight_runs_take_turns_in_request_order_with_increasing_tokens() {
     let ns = TestNs::new("eight").await;
-    let _c = spawn_controller(ns.client.clone(), "eight");
+    let _c = spawn_controller(&ns, "eight");
     ns.lock("l", spec(15)).await;
     let dir = scratch("eight");
     let mut children = Vec::new();
@@ -100,7 +100,7 @@ async fn eight_runs_take_turns_in_request_order_with_increasing_tokens() {
 #[tokio::test]
 async fn run_times_out_with_status_75_and_withdraws_its_claim() {
     let ns = TestNs::new("timeout").await;
-    let _c = spawn_controller(ns.client.clone(), "timeout");
+    let _c = spawn_controller(&ns, "timeout");
     ns.lock("l", spec(15)).await;
     let holder = ns.pod("holder").await;
     let lock = Lock::builder(ns.client.clone(), &ns.name, "l")
@@ -131,7 +131,7 @@ async fn run_times_out_with_status_75_and_withdraws_its_claim() {
 #[tokio::test]
 async fn try_acquire_and_reentrancy() {
     let ns = TestNs::new("try").await;
-    let _c = spawn_controller(ns.client.clone(), "try");
+    let _c = spawn_controller(&ns, "try");
     ns.lock("l", spec(15)).await;
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
     let lock_a = Lock::builder(ns.client.clone(), &ns.name, "l")
@@ -174,7 +174,7 @@ async fn try_acquire_and_reentrancy() {
 #[tokio::test]
 async fn forced_release_stops_cmd_before_the_next_holder_starts() {
     let ns = TestNs::new("forcedrun").await;
-    let _c = spawn_controller(ns.client.clone(), "forcedrun");
+    let _c = spawn_controller(&ns, "forcedrun");
     ns.lock("l", spec(3)).await;
     let dir = scratch("forcedrun");
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
@@ -202,7 +202,7 @@ async fn forced_release_stops_cmd_before_the_next_holder_starts() {
 #[tokio::test]
 async fn partition_stops_cmd_before_the_lock_passes_on_after_expiry() {
     let ns = TestNs::new("partition").await;
-    let _c = spawn_controller(ns.client.clone(), "partition");
+    let _c = spawn_controller(&ns, "partition");
     ns.lock("l", spec(3)).await;
     let dir = scratch("partition");
     let text = std::fs::read_to_string(kubeconfig()).unwrap();
@@ -249,7 +249,7 @@ async fn partition_stops_cmd_before_the_lock_passes_on_after_expiry() {
 #[tokio::test]
 async fn sigkill_of_run_kills_cmd_and_the_next_holder_starts_after_expiry() {
     let ns = TestNs::new("sigkill").await;
-    let _c = spawn_controller(ns.client.clone(), "sigkill");
+    let _c = spawn_controller(&ns, "sigkill");
     let lease = 3;
     ns.lock("l", spec(lease)).await;
     let dir = scratch("sigkill");
@@ -283,7 +283,7 @@ async fn sigkill_of_run_kills_cmd_and_the_next_holder_starts_after_expiry() {
 #[tokio::test]
 async fn pod_deleted_hands_the_lock_on_promptly() {
     let ns = TestNs::new("poddel").await;
-    let _c = spawn_controller(ns.client.clone(), "poddel");
+    let _c = spawn_controller(&ns, "poddel");
     ns.lock("l", spec(60)).await;
     let dir = scratch("poddel");
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);

@@ -21,7 +21,7 @@ fn spec(lease: i32, max: i32) -> DistributedLockSpec {
 #[tokio::test]
 async fn fifo_order_of_five_waiters_with_handoff_on_release() {
     let ns = TestNs::new("fifo").await;
-    let _c = spawn_controller(ns.client.clone(), "fifo");
+    let _c = spawn_controller(&ns, "fifo");
     ns.lock("l", spec(120, 1)).await;
     let mut claims = Vec::new();
     for i in 0..5 {
@@ -60,7 +60,7 @@ async fn fifo_order_of_five_waiters_with_handoff_on_release() {
 #[tokio::test]
 async fn holder_pod_deleted_or_finished_revokes_at_once() {
     let ns = TestNs::new("poddeath").await;
-    let _c = spawn_controller(ns.client.clone(), "poddeath");
+    let _c = spawn_controller(&ns, "poddeath");
     ns.lock("l", spec(120, 1)).await;
     let (a, b, c) = (ns.pod("a").await, ns.pod("b").await, ns.pod("c").await);
     claim(&ns, "l", &a, 120).await;
@@ -88,7 +88,7 @@ async fn holder_pod_deleted_or_finished_revokes_at_once() {
 #[tokio::test]
 async fn unrenewed_claim_expires_and_the_next_waiter_is_granted() {
     let ns = TestNs::new("expiry").await;
-    let _c = spawn_controller(ns.client.clone(), "expiry");
+    let _c = spawn_controller(&ns, "expiry");
     ns.lock("l", spec(2, 1)).await;
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
     let ca = claim(&ns, "l", &a, 2).await;
@@ -114,7 +114,7 @@ async fn unrenewed_claim_expires_and_the_next_waiter_is_granted() {
 #[tokio::test]
 async fn forced_release_holds_the_slot_back_for_a_lease_duration() {
     let ns = TestNs::new("forced").await;
-    let _c = spawn_controller(ns.client.clone(), "forced");
+    let _c = spawn_controller(&ns, "forced");
     let lease = 3;
     ns.lock("l", spec(lease, 1)).await;
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
@@ -158,7 +158,7 @@ async fn forced_release_holds_the_slot_back_for_a_lease_duration() {
 #[tokio::test]
 async fn semaphore_with_max_holders_three() {
     let ns = TestNs::new("sema").await;
-    let _c = spawn_controller(ns.client.clone(), "sema");
+    let _c = spawn_controller(&ns, "sema");
     ns.lock("l", spec(120, 3)).await;
     let mut claims = Vec::new();
     for i in 0..5 {
@@ -181,7 +181,7 @@ async fn semaphore_with_max_holders_three() {
 #[tokio::test]
 async fn controller_restart_mid_queue_loses_no_waiter_and_never_double_grants() {
     let ns = TestNs::new("restart").await;
-    let c = spawn_controller(ns.client.clone(), "restart-1");
+    let c = spawn_controller(&ns, "restart-1");
     ns.lock("l", spec(120, 1)).await;
     let mut claims = Vec::new();
     for i in 0..3 {
@@ -196,7 +196,7 @@ async fn controller_restart_mid_queue_loses_no_waiter_and_never_double_grants() 
     let p3 = ns.pod("p3").await;
     claims.push(claim(&ns, "l", &p3, 120).await);
     release(&ns, &claims[0]).await;
-    let _c = spawn_controller(ns.client.clone(), "restart-2");
+    let _c = spawn_controller(&ns, "restart-2");
     let l = ns
         .wait_lock("l", "p1 holds after restart", |l| holders(l) == ["p1"])
         .await;
@@ -214,8 +214,8 @@ async fn controller_restart_mid_queue_loses_no_waiter_and_never_double_grants() 
 #[tokio::test]
 async fn two_controllers_at_once_never_exceed_max_holders() {
     let ns = TestNs::new("twoctl").await;
-    let _c1 = spawn_controller(ns.client.clone(), "twin-1");
-    let _c2 = spawn_controller(ns.client.clone(), "twin-2");
+    let _c1 = spawn_controller(&ns, "twin-1");
+    let _c2 = spawn_controller(&ns, "twin-2");
     ns.lock("l", spec(120, 1)).await;
     // Record every status version the API server stores.
     let mut versions = watcher(ns.locks(), watcher::Config::default())
@@ -269,7 +269,7 @@ async fn two_controllers_at_once_never_exceed_max_holders() {
 #[tokio::test]
 async fn bad_claims_get_warnings_and_block_nothing() {
     let ns = TestNs::new("bad").await;
-    let _c = spawn_controller(ns.client.clone(), "bad");
+    let _c = spawn_controller(&ns, "bad");
     let a = ns.pod("a").await;
     // A claim for a lock that does not exist yet waits, with a Warning.
     let early = claim(&ns, "later", &a, 120).await;

@@ -167,13 +167,17 @@ impl TestNs {
     }
 }
 
-/// Run a controller in this process (no leader election, no HTTP) until aborted.
-pub fn spawn_controller(client: Client, identity: &str) -> tokio::task::JoinHandle<()> {
-    let opts = leasehold::controller::Options {
-        leader_election_namespace: None,
-        identity: identity.into(),
-        http_addr: None,
-    };
+/// Run a controller in this process (no leader election, no HTTP) watching only the
+/// test's namespace, until aborted.
+pub fn spawn_controller(ns: &TestNs, identity: &str) -> tokio::task::JoinHandle<()> {
+    spawn_controller_with(
+        ns.client.clone(),
+        leasehold::controller::Options::single(identity, Some(&ns.name)),
+    )
+}
+
+/// Run a controller with these options until aborted.
+pub fn spawn_controller_with(client: Client, opts: leasehold::controller::Options) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         leasehold::controller::run(client, opts, std::future::pending())
             .await
@@ -253,4 +257,19 @@ pub async fn event_reasons(ns: &TestNs, object: &str) -> Vec<String> {
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object))
         .filter_map(|e| e.reason)
         .collect()
+}
+
+/// A client for the shared control plane that impersonates `user` (RBAC checks).
+pub async fn client_as(user: &str) -> Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig()).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some(user.into());
+    Client::try_from(config).unwrap()
+}
+
+/// Whether an API result is a 403 Forbidden.
+pub fn forbidden<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> bool {
+    matches!(r, Err(kube::Error::Api(s)) if s.code == 403)
 }
