@@ -6,9 +6,8 @@
 //!
 //! `cargo bench --bench handoff` (add `-- --rounds N` to change the sample size).
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -33,7 +32,7 @@ fn main() -> anyhow::Result<()> {
         .position(|a| a == "--rounds")
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(220);
-    let kubeconfig = start_control_plane();
+    let kubeconfig = leasehold::dev::spawn_for_process(std::path::Path::new(LEASEHOLD), Duration::from_secs(600))?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
@@ -71,32 +70,6 @@ fn report(what: &str, samples: &mut [Duration]) {
     );
 }
 
-/// Start `leasehold dev` from a thread that lives as long as this process.
-fn start_control_plane() -> PathBuf {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut child = Command::new(LEASEHOLD)
-            .args(["dev", "--die-with-parent"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn leasehold dev");
-        for line in BufReader::new(child.stdout.take().unwrap())
-            .lines()
-            .map_while(Result::ok)
-        {
-            if let Some(p) = line.strip_prefix("KUBECONFIG=") {
-                tx.send(PathBuf::from(p)).unwrap();
-            }
-        }
-        let _keep = child;
-        loop {
-            std::thread::park();
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(600)).expect("control plane ready")
-}
-
 async fn namespace(client: &Client, name: &str) -> anyhow::Result<()> {
     let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
     Api::<Namespace>::all(client.clone())
@@ -121,7 +94,7 @@ async fn namespace(client: &Client, name: &str) -> anyhow::Result<()> {
 
 async fn pod(client: &Client, ns: &str, name: &str) -> anyhow::Result<PodIdentity> {
     let pod: Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name}, "spec": {"containers": [{"name": "app", "image": "leasehold"}]}
+        "metadata": {"name": name}, "spec": {"automountServiceAccountToken": false, "containers": [{"name": "app", "image": "leasehold"}]}
     }))?;
     let pod = Api::<Pod>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &pod)

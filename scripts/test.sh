@@ -21,4 +21,4 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --locked -- -D warnings
 
 step "cargo test (unit, property and integration tests)"
-cargo test --locked --all-targets -- "$@"
+cargo test --locked --no-fail-fast --all-targets -- "$@"

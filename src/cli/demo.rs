@@ -53,7 +53,7 @@ pub async fn run(client: Client, kubeconfig: &Path) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     for i in 1..=DEMO_CLIENTS {
         let name = format!("worker-{i}");
-        let pod = serde_json::json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "app", "image": "leasehold"}]}});
+        let pod = serde_json::json!({"metadata": {"name": name}, "spec": {"automountServiceAccountToken": false, "containers": [{"name": "app", "image": "leasehold"}]}});
         let _ = pods.delete(&name, &Default::default()).await;
         let pod = create_retrying(&pods, pod).await?;
         let mut cmd = crate::guard::guarded_command(&leasehold, Signal::SIGKILL, &leasehold);

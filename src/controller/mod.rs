@@ -87,6 +87,9 @@ pub enum ControllerError {
     Http(SocketAddr, #[source] std::io::Error),
 }
 
+/// How long a stopping leader waits to hand its leader Lease back.
+pub const LEADER_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Run the controller until `shutdown` completes.
 pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), ControllerError> {
     let metrics = Arc::new(Metrics::default());
@@ -98,17 +101,14 @@ pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = (
                 .map_err(|e| ControllerError::Http(addr, e))
         })
     });
-    let work = async {
-        wait_for_crd(client.clone()).await;
-        match &opts.leader_election_namespace {
-            None => run_leader(client.clone(), &opts, metrics.clone()).await,
-            Some(ns) => run_elected(client.clone(), &opts, ns, metrics.clone()).await?,
+    let result = match &opts.leader_election_namespace {
+        None => {
+            tokio::select! {
+                _ = async { wait_for_crd(client.clone()).await; run_leader(client.clone(), &opts, metrics.clone()).await } => Ok(()),
+                _ = shutdown => Ok(()),
+            }
         }
-        Ok(())
-    };
-    let result = tokio::select! {
-        r = work => r,
-        _ = shutdown => Ok(()),
+        Some(ns) => run_elected(client.clone(), &opts, ns, metrics.clone(), shutdown).await,
     };
     if let Some(h) = http {
         h.abort();
@@ -129,8 +129,15 @@ async fn wait_for_crd(client: Client) {
     }
 }
 
-/// Take part in leader election; reconcile only while leading.
-async fn run_elected(client: Client, opts: &Options, ns: &str, metrics: Arc<Metrics>) -> Result<(), ControllerError> {
+/// Take part in leader election; reconcile only while leading. On shutdown, hand the
+/// leader Lease back so another replica takes over at once.
+async fn run_elected(
+    client: Client,
+    opts: &Options,
+    ns: &str,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ControllerError> {
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), LEADER_LEASE)
         .with_namespace(ns)
         .with_identity(&opts.identity)
@@ -139,23 +146,33 @@ async fn run_elected(client: Client, opts: &Options, ns: &str, metrics: Arc<Metr
         .build()
         .await
         .map_err(ControllerError::LeaderElection)?;
-    let (mut leading, _task) = manager.watch().await;
+    let (mut leading, task) = manager.watch().await;
     metrics.ready.store(true, Ordering::Relaxed); // a standby is ready too
-    loop {
-        while !*leading.borrow_and_update() {
-            tracing::info!(identity = opts.identity, "standing by for leadership");
-            if leading.changed().await.is_err() {
-                return Ok(());
+    let work = async {
+        wait_for_crd(client.clone()).await;
+        loop {
+            while !*leading.borrow_and_update() {
+                tracing::info!(identity = opts.identity, "standing by for leadership");
+                if leading.changed().await.is_err() {
+                    return;
+                }
+            }
+            tracing::info!(identity = opts.identity, "leading: reconciling");
+            tokio::select! {
+                _ = run_leader(client.clone(), opts, metrics.clone()) => {}
+                _ = async { while *leading.borrow_and_update() { if leading.changed().await.is_err() { break } } } => {
+                    tracing::warn!("lost leadership: stopping reconciles");
+                }
             }
         }
-        tracing::info!(identity = opts.identity, "leading: reconciling");
-        tokio::select! {
-            _ = run_leader(client.clone(), opts, metrics.clone()) => {}
-            _ = async { while *leading.borrow_and_update() { if leading.changed().await.is_err() { break } } } => {
-                tracing::warn!("lost leadership: stopping reconciles");
-            }
-        }
+    };
+    tokio::select! {
+        _ = work => {}
+        _ = shutdown => {}
     }
+    drop(leading); // the manager's task releases the Lease when its channel closes
+    let _ = tokio::time::timeout(LEADER_RELEASE_TIMEOUT, task).await;
+    Ok(())
 }
 
 /// Watch and reconcile (runs forever).

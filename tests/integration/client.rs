@@ -65,6 +65,17 @@ const SECTION: &str = r#"echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; 
 /// A holder that runs until SIGTERM, logging the signal.
 const UNTIL_TERM: &str = r#"trap 'echo term $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; exit 0' TERM; echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; while true; do sleep 0.1; done"#;
 
+/// Pod a holds the lock in `leasehold run` (its CMD runs until SIGTERM; `a_kubeconfig`
+/// lets it go through a proxy), and pod b waits in `leasehold run` with a short section.
+async fn holder_and_waiter(ns: &TestNs, dir: &Path, a_kubeconfig: &Path) -> (Child, Child) {
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let run_a = run(a_kubeconfig, ns, &a, dir, &[], UNTIL_TERM);
+    wait_log(dir, "a starts", |l| l.len() == 1).await;
+    let run_b = run(kubeconfig(), ns, &b, dir, &[], SECTION);
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    (run_a, run_b)
+}
+
 #[tokio::test]
 async fn eight_runs_take_turns_in_request_order_with_increasing_tokens() {
     let ns = TestNs::new("eight").await;
@@ -177,12 +188,10 @@ async fn forced_release_stops_cmd_before_the_next_holder_starts() {
     let _c = spawn_controller(&ns, "forcedrun");
     ns.lock("l", spec(3)).await;
     let dir = scratch("forcedrun");
-    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], UNTIL_TERM);
-    wait_log(&dir, "a starts", |l| l.len() == 1).await;
-    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], SECTION);
-    let l = ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
-    let claim_a = l.status.unwrap().holders[0].claim.clone();
+    let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, kubeconfig()).await;
+    let claim_a = ns.locks().get("l").await.unwrap().status.unwrap().holders[0]
+        .claim
+        .clone();
     leases(&ns)
         .delete(&claim_a, &Default::default())
         .await
@@ -223,11 +232,7 @@ async fn partition_stops_cmd_before_the_lock_passes_on_after_expiry() {
         text.replace(&format!("127.0.0.1:{port}"), &format!("127.0.0.1:{}", proxy.port)),
     )
     .unwrap();
-    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    let mut run_a = run(&proxied, &ns, &a, &dir, &[], UNTIL_TERM);
-    wait_log(&dir, "a starts", |l| l.len() == 1).await;
-    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], SECTION);
-    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, &proxied).await;
     proxy.cut();
     let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
     assert_eq!(status.code(), Some(76), "a's run gives up when renewals fail");
@@ -253,12 +258,8 @@ async fn sigkill_of_run_kills_cmd_and_the_next_holder_starts_after_expiry() {
     let lease = 3;
     ns.lock("l", spec(lease)).await;
     let dir = scratch("sigkill");
-    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], UNTIL_TERM);
-    wait_log(&dir, "a starts", |l| l.len() == 1).await;
+    let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, kubeconfig()).await;
     let cmd_pid: i32 = log(&dir)[0][3].parse().unwrap();
-    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], SECTION);
-    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
     run_a.kill().await.unwrap();
     let killed = Instant::now();
     wait_for("CMD to die with its leasehold run", DEADLINE, || async {
@@ -286,11 +287,7 @@ async fn pod_deleted_hands_the_lock_on_promptly() {
     let _c = spawn_controller(&ns, "poddel");
     ns.lock("l", spec(60)).await;
     let dir = scratch("poddel");
-    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], UNTIL_TERM);
-    wait_log(&dir, "a starts", |l| l.len() == 1).await;
-    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], SECTION);
-    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, kubeconfig()).await;
     // Play the kubelet: stop the pod's processes, then remove the Pod object.
     run_a.kill().await.unwrap();
     let _ = run_a.wait().await;

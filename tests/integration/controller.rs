@@ -23,14 +23,7 @@ async fn fifo_order_of_five_waiters_with_handoff_on_release() {
     let ns = TestNs::new("fifo").await;
     let _c = spawn_controller(&ns, "fifo");
     ns.lock("l", spec(120, 1)).await;
-    let mut claims = Vec::new();
-    for i in 0..5 {
-        let pod = ns.pod(&format!("p{i}")).await;
-        claims.push(claim(&ns, "l", &pod, 120).await);
-        // Each claim is seen before the next is made: arrival order is p0..p4.
-        ns.wait_lock("l", "claim queued", |l| holders(l).len() + queue(l).len() == i + 1)
-            .await;
-    }
+    let claims = claims_in_order(&ns, "l", 5).await;
     let l = ns.wait_lock("l", "p0 holds", |l| holders(l) == ["p0"]).await;
     assert_eq!(queue(&l), ["p1", "p2", "p3", "p4"]);
     assert_eq!(l.status.as_ref().unwrap().queue_length, 4);
@@ -160,13 +153,7 @@ async fn semaphore_with_max_holders_three() {
     let ns = TestNs::new("sema").await;
     let _c = spawn_controller(&ns, "sema");
     ns.lock("l", spec(120, 3)).await;
-    let mut claims = Vec::new();
-    for i in 0..5 {
-        let pod = ns.pod(&format!("p{i}")).await;
-        claims.push(claim(&ns, "l", &pod, 120).await);
-        ns.wait_lock("l", "claim seen", |l| holders(l).len() + queue(l).len() == i + 1)
-            .await;
-    }
+    let claims = claims_in_order(&ns, "l", 5).await;
     let l = ns.wait_lock("l", "three hold", |l| holders(l).len() == 3).await;
     assert_eq!(holders(&l), ["p0", "p1", "p2"]);
     assert_eq!(queue(&l), ["p3", "p4"]);
@@ -183,13 +170,7 @@ async fn controller_restart_mid_queue_loses_no_waiter_and_never_double_grants() 
     let ns = TestNs::new("restart").await;
     let c = spawn_controller(&ns, "restart-1");
     ns.lock("l", spec(120, 1)).await;
-    let mut claims = Vec::new();
-    for i in 0..3 {
-        let pod = ns.pod(&format!("p{i}")).await;
-        claims.push(claim(&ns, "l", &pod, 120).await);
-        ns.wait_lock("l", "claim seen", |l| holders(l).len() + queue(l).len() == i + 1)
-            .await;
-    }
+    let mut claims = claims_in_order(&ns, "l", 3).await;
     c.abort();
     let _ = c.await;
     // While no controller runs: a new claim arrives and the holder releases.

@@ -7,6 +7,7 @@ mod chart;
 mod client;
 mod controller;
 mod examples;
+mod ha;
 mod harness;
 mod proxy;
 mod smoke;

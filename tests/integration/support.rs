@@ -1,9 +1,7 @@
 //! Test support: one real control plane per test binary, a namespace per test,
 //! Pods standing for in-pod clients, and an in-process controller.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -20,32 +18,10 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 
 static SHARED: OnceLock<PathBuf> = OnceLock::new();
 
-/// The kubeconfig of this test binary's control plane, started on first use by
-/// `leasehold dev --die-with-parent` from a thread that lives as long as the process
-/// (the parent-death signal is tied to the spawning thread).
+/// The kubeconfig of this test binary's control plane, started on first use.
 pub fn kubeconfig() -> &'static PathBuf {
     SHARED.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut child = Command::new(LEASEHOLD)
-                .args(["dev", "--die-with-parent"])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("spawn leasehold dev");
-            let stdout = child.stdout.take().expect("piped stdout");
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(path) = line.strip_prefix("KUBECONFIG=") {
-                    tx.send(PathBuf::from(path)).expect("test waits for the kubeconfig");
-                }
-            }
-            let _keep = child; // hold the child while this thread parks forever
-            loop {
-                std::thread::park();
-            }
-        });
-        rx.recv_timeout(Duration::from_secs(600))
-            .expect("leasehold dev did not become ready (see its stderr above)")
+        leasehold::dev::spawn_for_process(Path::new(LEASEHOLD), Duration::from_secs(600)).expect("local control plane")
     })
 }
 
@@ -95,9 +71,12 @@ impl TestNs {
             .create(&PostParams::default(), &ns)
             .await
             .expect("create namespace");
+        // On v1.20 the ServiceAccount admission plugin refuses pods until the tokens
+        // controller has given the default ServiceAccount its token secret.
         let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
-        wait_for("default ServiceAccount", DEADLINE, || async {
-            sas.get_opt("default").await.ok().flatten()
+        wait_for("default ServiceAccount with its token", DEADLINE, || async {
+            let sa = sas.get_opt("default").await.ok().flatten()?;
+            sa.secrets.filter(|s| !s.is_empty()).map(|_| ())
         })
         .await;
         TestNs { client, name }
@@ -272,4 +251,17 @@ pub async fn client_as(user: &str) -> Client {
 /// Whether an API result is a 403 Forbidden.
 pub fn forbidden<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> bool {
     matches!(r, Err(kube::Error::Api(s)) if s.code == 403)
+}
+
+/// Pods `p0..pn` each make a claim (lease 120 s) for `lock`, each seen by the
+/// controller before the next is made, so arrival order is p0, p1, ...; returns the claims.
+pub async fn claims_in_order(ns: &TestNs, lock: &str, n: usize) -> Vec<String> {
+    let mut claims = Vec::new();
+    for i in 0..n {
+        let pod = ns.pod(&format!("p{i}")).await;
+        claims.push(claim(ns, lock, &pod, 120).await);
+        ns.wait_lock(lock, "claim seen", |l| holders(l).len() + queue(l).len() == i + 1)
+            .await;
+    }
+    claims
 }

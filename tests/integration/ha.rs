@@ -1,0 +1,115 @@
+//! Several replicas with leader election, and the HTTP endpoints.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use leasehold::api::DistributedLockSpec;
+use leasehold::controller::{LEADER_LEASE, Options};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::support::*;
+
+fn elected(ns: &TestNs, identity: &str, http: Option<u16>) -> Options {
+    Options {
+        leader_election_namespace: Some(ns.name.clone()),
+        identity: identity.into(),
+        http_addr: http.map(|p| ([127, 0, 0, 1], p).into()),
+        namespace: Some(ns.name.clone()),
+    }
+}
+
+async fn leader(ns: &TestNs) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(ns.client.clone(), &ns.name);
+    leases
+        .get_opt(LEADER_LEASE)
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+        .filter(|h| !h.is_empty())
+}
+
+/// GET a path from 127.0.0.1:port; returns (status line, body).
+async fn get(port: u16, path: &str) -> Option<(String, String)> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((head.lines().next()?.to_string(), body.to_string()))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn a_standby_replica_takes_over_when_the_leader_stops_and_metrics_are_served() {
+    let ns = TestNs::new("ha").await;
+    let ports = [free_port(), free_port()];
+    let mut replicas = [
+        Some(spawn_controller_with(
+            ns.client.clone(),
+            elected(&ns, "ha-0", Some(ports[0])),
+        )),
+        Some(spawn_controller_with(
+            ns.client.clone(),
+            elected(&ns, "ha-1", Some(ports[1])),
+        )),
+    ];
+    let first = wait_for("a leader", DEADLINE, || leader(&ns)).await;
+    let i: usize = first.strip_prefix("ha-").unwrap().parse().unwrap();
+    for port in ports {
+        wait_for("/readyz to answer 200", DEADLINE, || async {
+            get(port, "/readyz").await.filter(|(status, _)| status.contains("200"))
+        })
+        .await;
+        assert!(get(port, "/healthz").await.unwrap().0.contains("200"));
+    }
+
+    ns.lock(
+        "l",
+        DistributedLockSpec {
+            lease_duration_seconds: 60,
+            max_holders: 1,
+        },
+    )
+    .await;
+    let (a, b, c) = (ns.pod("a").await, ns.pod("b").await, ns.pod("c").await);
+    let ca = claim(&ns, "l", &a, 60).await;
+    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    let cb = claim(&ns, "l", &b, 60).await;
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    let (_, metrics) = get(ports[i], "/metrics").await.unwrap();
+    let grants = format!("leasehold_grants_total{{namespace=\"{}\",lock=\"l\"}} 1", ns.name);
+    assert!(metrics.contains(&grants), "the leader counts its grant:\n{metrics}");
+    assert!(metrics.contains("leasehold_queue_depth"), "{metrics}");
+
+    // The leader stops; the standby takes over and grants continue.
+    let stopping = replicas[i].take().unwrap();
+    stopping.abort();
+    let _ = stopping.await;
+    let second = wait_for("the standby to lead", Duration::from_secs(40), || async {
+        leader(&ns).await.filter(|l| *l != first)
+    })
+    .await;
+    assert_eq!(second, format!("ha-{}", 1 - i));
+    release(&ns, &ca).await;
+    let l = ns
+        .wait_lock("l", "b holds under the new leader", |l| holders(l) == ["b"])
+        .await;
+    assert_eq!(tokens(&l), [2]);
+    claim(&ns, "l", &c, 60).await;
+    release(&ns, &cb).await;
+    let l = ns.wait_lock("l", "c holds", |l| holders(l) == ["c"]).await;
+    assert_eq!(tokens(&l), [3]);
+    let (_, metrics) = get(ports[1 - i], "/metrics").await.unwrap();
+    assert!(metrics.contains("leasehold_handoff_seconds_count"), "{metrics}");
+}
