@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Provision the binaries of a local Kubernetes control plane (etcd, kube-apiserver,
-# kube-controller-manager) and print the directory that holds them.
+# kube-controller-manager) and print the directory that holds them. With --node, also
+# kubelet and kube-scheduler (for a real single-node cluster, tests/e2e/real-node.sh).
 #
 # Order of search:
 #   1. $KUBEBUILDER_ASSETS (the envtest layout: kube-apiserver, etcd, ... in one dir)
@@ -19,11 +20,12 @@ CACHE=${LEASEHOLD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/leasehold}
 OUT=$CACHE/k8s-v$K8S_VERSION
 BIN=$OUT/bin
 NEEDED=(kube-apiserver kube-controller-manager etcd)
+[ "${1:-}" = --node ] && NEEDED+=(kubelet kube-scheduler)
 
 log() { printf '[provision] %s\n' "$*" >&2; }
 have_all() { local d=$1 b; for b in "${NEEDED[@]}"; do [ -x "$d/$b" ] || return 1; done; }
 
-if [ -n "${KUBEBUILDER_ASSETS:-}" ]; then
+if [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ "${1:-}" != --node ]; then
   # envtest ships no kube-controller-manager; it is optional there (no GC of claims).
   if [ -x "$KUBEBUILDER_ASSETS/kube-apiserver" ] && [ -x "$KUBEBUILDER_ASSETS/etcd" ]; then
     echo "$KUBEBUILDER_ASSETS"; exit 0
@@ -91,12 +93,12 @@ rm -rf vendor/github.com/modern-go/reflect2
 cp -r /usr/share/gocode/src/github.com/modern-go/reflect2 vendor/github.com/modern-go/reflect2
 rm -f vendor/github.com/modern-go/reflect2/go.mod
 mkdir -p .go/src/k8s.io && ln -s ../../.. .go/src/k8s.io/kubernetes
-log "building kube-apiserver and kube-controller-manager (about 4 minutes on 2 cores)"
-GOPATH=$PWD/.go GO111MODULE=off CGO_ENABLED=0 GOFLAGS= \
-  make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" >&2
-mkdir -p "$OUT/bin.new"
-cp _output/bin/kube-apiserver _output/bin/kube-controller-manager "$OUT/bin.new/"
-ln -sf "$(command -v etcd || echo /usr/bin/etcd)" "$OUT/bin.new/etcd"
-rm -rf "$BIN" && mv "$OUT/bin.new" "$BIN"
+build=()
+for b in "${NEEDED[@]}"; do [ "$b" = etcd ] || [ -x "$BIN/$b" ] || build+=("cmd/$b"); done
+log "building ${build[*]} (about 4 minutes on 2 cores)"
+GOPATH=$PWD/.go GO111MODULE=off CGO_ENABLED=0 GOFLAGS= make WHAT="${build[*]}" >&2
+mkdir -p "$BIN"
+for target in "${build[@]}"; do cp "_output/bin/${target#cmd/}" "$BIN/.new-${target#cmd/}"; mv "$BIN/.new-${target#cmd/}" "$BIN/${target#cmd/}"; done
+[ -e "$BIN/etcd" ] || ln -sf "$(command -v etcd || echo /usr/bin/etcd)" "$BIN/etcd"
 log "done in $(( $(date +%s) - start ))s: $BIN"
 echo "$BIN"

@@ -19,6 +19,9 @@ pub struct DevArgs {
     /// Also run the controller, until Ctrl-C.
     #[arg(long)]
     pub controller: bool,
+    /// The kube-controller-manager controllers to run (comma-separated).
+    #[arg(long, default_value = crate::dev::DEFAULT_CONTROLLERS)]
+    pub kcm_controllers: String,
 }
 
 /// Start the control plane, install the CRD, print `KUBECONFIG=...` on stdout, and run
@@ -32,7 +35,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     eprintln!("leasehold dev: starting etcd, kube-apiserver and kube-controller-manager on loopback...");
     let leasehold = crate::guard::self_exe()?;
     let cp = tokio::select! {
-        cp = ControlPlane::start(&leasehold) => cp?,
+        cp = ControlPlane::start_with(&leasehold, &args.kcm_controllers) => cp?,
         _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted while starting"),
         _ = term.recv() => anyhow::bail!("terminated while starting"),
     };

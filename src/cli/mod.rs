@@ -46,6 +46,9 @@ pub enum Command {
         /// The expected start order of pods, comma-separated.
         #[arg(long, value_delimiter = ',')]
         order: Vec<String>,
+        /// Accept sections still open at the end (a holder that is still running).
+        #[arg(long)]
+        allow_open: bool,
     },
     /// Run a command that dies with this process's parent (internal).
     #[command(hide = true)]
@@ -93,9 +96,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             file,
             max_holders,
             order,
+            allow_open,
         } => {
             let log = std::fs::read_to_string(&file)?;
-            let summary = crate::check::check_sections(&log, max_holders, false).map_err(anyhow::Error::msg)?;
+            let summary = crate::check::check_sections(&log, max_holders, allow_open).map_err(anyhow::Error::msg)?;
             if !order.is_empty() && summary.order != order {
                 anyhow::bail!("start order {:?} differs from the expected {order:?}", summary.order);
             }

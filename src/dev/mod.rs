@@ -27,6 +27,9 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(90);
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
 /// The directory (under the system temp dir) holding every launcher's own dir.
 pub const DIR_PREFIX: &str = "leasehold-dev";
+/// The kube-controller-manager controllers run by default: enough for garbage
+/// collection of claims, namespace deletion and ServiceAccount tokens.
+pub const DEFAULT_CONTROLLERS: &str = "garbagecollector,namespace,serviceaccount-token,serviceaccount";
 
 /// Errors of the local control plane, each naming the step that failed.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +72,11 @@ impl ControlPlane {
     /// until the API server is ready. `leasehold` is the path of the leasehold binary,
     /// used to guard the children.
     pub async fn start(leasehold: &Path) -> Result<Self, DevError> {
+        Self::start_with(leasehold, DEFAULT_CONTROLLERS).await
+    }
+
+    /// [`ControlPlane::start`], running these kube-controller-manager `controllers`.
+    pub async fn start_with(leasehold: &Path, controllers: &str) -> Result<Self, DevError> {
         let bin = binaries().await?;
         sweep_stale_dirs();
         let dir = new_dir()?;
@@ -80,7 +88,7 @@ impl ControlPlane {
             children: Vec::new(),
             _alive: alive,
         };
-        cp.launch(&bin, leasehold).await?;
+        cp.launch(&bin, leasehold, controllers).await?;
         Ok(cp)
     }
 
@@ -104,7 +112,7 @@ impl ControlPlane {
         client_for(&self.kubeconfig).await
     }
 
-    async fn launch(&mut self, bin: &Path, leasehold: &Path) -> Result<(), DevError> {
+    async fn launch(&mut self, bin: &Path, leasehold: &Path, controllers: &str) -> Result<(), DevError> {
         let started = Instant::now();
         let d = self.dir.clone();
         let token = format!("{:032x}", rand::random::<u128>());
@@ -205,7 +213,7 @@ impl ControlPlane {
                     "--kubeconfig",
                     &kubeconfig.to_string_lossy(),
                     "--controllers",
-                    "garbagecollector,namespace,serviceaccount-token,serviceaccount",
+                    controllers,
                     "--service-account-private-key-file",
                     &sa_key.to_string_lossy(),
                     "--root-ca-file",

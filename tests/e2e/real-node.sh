@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# The end-to-end scenario (tests/e2e/scenario.sh) on a real single-node cluster on this
+# machine: `leasehold dev` (etcd, kube-apiserver, kube-controller-manager) plus
+# containerd + runc, a kubelet and kube-scheduler, all on loopback. Pods really run,
+# get SIGTERM and die. Images are written as OCI tarballs by hand and imported with ctr
+# (no registry, no Docker). Everything is torn down on exit: containers, mounts, dirs.
+#
+# Needs root and Debian's containerd, runc, containernetworking-plugins, busybox-static
+# (installed if missing). Pods use hostNetwork and reach the API server on 127.0.0.1.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/common.sh
+. tests/e2e/scenario.sh
+[ "$(id -u)" = 0 ] || { echo "real-node.sh needs root (containerd, kubelet)" >&2; exit 2; }
+started=$(date +%s)
+
+pkgs=(containerd runc containernetworking-plugins busybox-static)
+missing=(); for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  step "installing ${missing[*]} (apt)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
+fi
+step "provisioning kubelet and kube-scheduler too"
+BIN=$(scripts/provision-k8s.sh --node)
+export LEASEHOLD_K8S_BIN=$BIN
+tools=$(scripts/chart-check.sh 2>/dev/null)
+HELM=$(sed -n 's/^LEASEHOLD_HELM=//p' <<<"$tools")
+KUBECTL=$(sed -n 's/^LEASEHOLD_KUBECTL=//p' <<<"$tools")
+step "building leasehold"
+cargo build --locked --quiet --bin leasehold
+LEASEHOLD=$CARGO_TARGET_DIR/debug/leasehold
+
+W=$(mktemp -d /tmp/leasehold-node.XXXXXX)
+SOCK=$W/containerd.sock
+NODE=leasehold-node
+pids=()
+cleanup() {
+  local rc=$?
+  set +e
+  step "tearing down the node"
+  if [ -n "${KUBECONFIG:-}" ]; then
+    "$KUBECTL" delete namespace e2e leasehold-system --wait=false >/dev/null 2>&1
+  fi
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  if [ -S "$SOCK" ]; then
+    for t in $(ctr -a "$SOCK" -n k8s.io tasks ls -q 2>/dev/null); do ctr -a "$SOCK" -n k8s.io tasks kill -s SIGKILL "$t" >/dev/null 2>&1; done
+    sleep 1
+    for t in $(ctr -a "$SOCK" -n k8s.io tasks ls -q 2>/dev/null); do ctr -a "$SOCK" -n k8s.io tasks delete -f "$t" >/dev/null 2>&1; done
+    for c in $(ctr -a "$SOCK" -n k8s.io containers ls -q 2>/dev/null); do ctr -a "$SOCK" -n k8s.io containers delete "$c" >/dev/null 2>&1; done
+  fi
+  [ -n "${CONTAINERD_PID:-}" ] && kill "$CONTAINERD_PID" 2>/dev/null
+  pkill -f "containerd-shim.*$W" 2>/dev/null
+  [ -n "${DEV_PID:-}" ] && kill "$DEV_PID" 2>/dev/null && wait "$DEV_PID" 2>/dev/null
+  for p in "${pids[@]}" ${CONTAINERD_PID:-}; do wait "$p" 2>/dev/null; done
+  grep -o " $W[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
+  rm -rf "$W"
+  echo "real-node e2e: $(( $(date +%s) - started ))s, exit $rc"
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+step "control plane (leasehold dev) with workload and node-lifecycle controllers"
+"$LEASEHOLD" dev --die-with-parent \
+  --kcm-controllers garbagecollector,namespace,serviceaccount-token,serviceaccount,deployment,replicaset,job,nodelifecycle,podgc \
+  > "$W/dev.out" 2> "$W/dev.err" &
+DEV_PID=$!
+until_ok 300 grep -q '^KUBECONFIG=' "$W/dev.out" || { cat "$W/dev.err"; fail "leasehold dev did not start"; }
+export KUBECONFIG; KUBECONFIG=$(sed -n 's/^KUBECONFIG=//p' "$W/dev.out")
+API_PORT=$(sed -n 's#.*server: https://127.0.0.1:\([0-9]*\).*#\1#p' "$KUBECONFIG")
+
+step "containerd (root, state and socket under $W)"
+mkdir -p "$W/cni" "$W/shared" && chmod 0777 "$W/shared"
+cat > "$W/cni/10-bridge.conflist" <<'JSON'
+{"cniVersion": "0.4.0", "name": "leasehold-e2e", "plugins": [
+  {"type": "bridge", "bridge": "lh-e2e0", "isGateway": false, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+JSON
+containerd config default > "$W/containerd.toml"
+python3 - "$W" <<'PY'
+import re, sys
+w = sys.argv[1]
+p = f"{w}/containerd.toml"
+s = open(p).read()
+s = s.replace("restrict_oom_score_adj = false", "restrict_oom_score_adj = true")
+s = re.sub(r'sandbox_image = ".*"', 'sandbox_image = "docker.io/library/pause:local"', s)
+s = re.sub(r'bin_dir = ".*"', 'bin_dir = "/usr/lib/cni"', s)
+s = re.sub(r'conf_dir = ".*"', f'conf_dir = "{w}/cni"', s)
+s = s.replace("SystemdCgroup = true", "SystemdCgroup = false")
+open(p, "w").write(s)
+PY
+containerd --config "$W/containerd.toml" --root "$W/containerd/root" --state "$W/containerd/state" \
+  --address "$SOCK" > "$W/containerd.log" 2>&1 &
+CONTAINERD_PID=$!
+until_ok 30 ctr -a "$SOCK" version || fail "containerd did not start: $(tail "$W/containerd.log")"
+
+step "images: pause and leasehold:e2e (OCI tarballs written by hand)"
+rootfs() { # rootfs DIR: busybox with its applets
+  mkdir -p "$1/bin" "$1/tmp" "$1/usr/local/bin" && chmod 1777 "$1/tmp"
+  cp /bin/busybox "$1/bin/busybox"
+  for a in sh sleep date echo cat; do ln -sf busybox "$1/bin/$a"; done
+}
+rootfs "$W/img/pause"
+tests/e2e/oci-image.py docker.io/library/pause:local "$W/img/pause" "$W/pause.tar" -- /bin/sh -c "trap 'exit 0' TERM; while true; do sleep 1; done"
+rootfs "$W/img/leasehold"
+cp "$LEASEHOLD" "$W/img/leasehold/usr/local/bin/leasehold"
+for lib in $(ldd "$LEASEHOLD" | grep -o '/[^ ]*'); do mkdir -p "$W/img/leasehold$(dirname "$lib")"; cp -L "$lib" "$W/img/leasehold$lib"; done
+tests/e2e/oci-image.py docker.io/library/leasehold:e2e "$W/img/leasehold" "$W/leasehold.tar" -- /usr/local/bin/leasehold
+for t in pause leasehold; do ctr -a "$SOCK" -n k8s.io images import "$W/$t.tar" >/dev/null; done
+rm -rf "$W/img" "$W"/*.tar
+
+step "kubelet and kube-scheduler"
+"$BIN/kubelet" --kubeconfig "$KUBECONFIG" --container-runtime=remote --container-runtime-endpoint="unix://$SOCK" \
+  --cgroup-driver=cgroupfs --fail-swap-on=false --cgroups-per-qos=false --enforce-node-allocatable="" \
+  --eviction-hard="" --image-gc-high-threshold=100 --image-gc-low-threshold=99 \
+  --pod-infra-container-image=docker.io/library/pause:local --root-dir "$W/kubelet" --cert-dir "$W/kubelet/pki" \
+  --hostname-override "$NODE" --node-ip 127.0.0.1 --address 127.0.0.1 --read-only-port 0 --healthz-port 0 \
+  --anonymous-auth=false --authorization-mode=AlwaysAllow > "$W/kubelet.log" 2>&1 &
+pids+=($!)
+"$BIN/kube-scheduler" --kubeconfig "$KUBECONFIG" --leader-elect=false --port 0 --secure-port 0 > "$W/scheduler.log" 2>&1 &
+pids+=($!)
+until_ok 120 bash -c "[ \"\$('$KUBECTL' get node $NODE -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" = True ]" \
+  || fail "node not Ready: $(tail -20 "$W/kubelet.log")"
+"$KUBECTL" taint nodes "$NODE" node.kubernetes.io/not-ready- >/dev/null 2>&1 || true
+echo "node $NODE Ready after $(( $(date +%s) - started ))s"
+
+IMAGE=leasehold:e2e
+NS=e2e
+LOG_MODE=hostpath
+HOST_LOG_DIR=$W/shared
+POD_EXTRAS="      hostNetwork: true
+      dnsPolicy: ClusterFirstWithHostNet"
+ENV_EXTRAS="            - { name: KUBERNETES_SERVICE_HOST, value: \"127.0.0.1\" }
+            - { name: KUBERNETES_SERVICE_PORT, value: \"$API_PORT\" }"
+HELM_EXTRA=(--set hostNetwork=true --set probes.enabled=false
+  --set "extraEnv[0].name=KUBERNETES_SERVICE_HOST" --set-string "extraEnv[0].value=127.0.0.1"
+  --set "extraEnv[1].name=KUBERNETES_SERVICE_PORT" --set-string "extraEnv[1].value=$API_PORT")
+run_scenario
