@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Run every check and test: formatting, clippy, unit and property tests, and the
-# integration tests against a real local control plane (etcd + kube-apiserver +
-# kube-controller-manager on loopback), plus the Helm chart checks.
+# Run every check and test: formatting, clippy, the Helm chart checks, the real-node
+# end-to-end scenario (as root), and unit, property and integration tests against a
+# real local control plane (etcd + kube-apiserver + kube-controller-manager on loopback).
 # Installs what it needs on Debian/Ubuntu (root or sudo). Extra args go to the test binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,15 +10,23 @@ cd "$(dirname "$0")/.."
 ensure_tools
 provision_control_plane
 
-step "Helm chart and example manifests: lint, template, kubernetes-validate --strict"
-LEASEHOLD_HELM=$(scripts/chart-check.sh | sed -n 's/^LEASEHOLD_HELM=//p')
-export LEASEHOLD_HELM
-
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --locked -- -D warnings
 
+step "Helm chart and example manifests: lint, template, kubernetes-validate --strict"
+tools=$(scripts/chart-check.sh)
+LEASEHOLD_HELM=$(sed -n 's/^LEASEHOLD_HELM=//p' <<<"$tools")
+export LEASEHOLD_HELM
+
+if [ "$(id -u)" = 0 ]; then
+  step "end-to-end scenario on a real node (containerd + kubelet): tests/e2e/real-node.sh"
+  tests/e2e/real-node.sh
+else
+  printf '\n*** SKIPPED tests/e2e/real-node.sh: it needs root (containerd, kubelet). ***\n\n' >&2
+fi
+
 step "cargo test (unit, property and integration tests)"
-cargo test --locked --no-fail-fast --all-targets -- "$@"
+cargo test --locked --no-fail-fast --lib --bins --tests --examples -- "$@"

@@ -82,9 +82,6 @@ pub enum ControllerError {
     /// Leader election could not start.
     #[error("starting leader election: {0}")]
     LeaderElection(#[source] kube_lease_manager::LeaseManagerError),
-    /// The HTTP endpoint could not be served.
-    #[error("serving HTTP on {0}: {1}")]
-    Http(SocketAddr, #[source] std::io::Error),
 }
 
 /// How long a stopping leader waits to hand its leader Lease back.
@@ -96,9 +93,9 @@ pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = (
     let http = opts.http_addr.map(|addr| {
         let m = metrics.clone();
         tokio::spawn(async move {
-            metrics::serve(addr, m)
-                .await
-                .map_err(|e| ControllerError::Http(addr, e))
+            if let Err(e) = metrics::serve(addr, m).await {
+                tracing::error!(%addr, error = %e, "serving HTTP failed: no /metrics, /healthz or /readyz");
+            }
         })
     });
     let result = match &opts.leader_election_namespace {

@@ -20,12 +20,19 @@ def blob(tar, data):
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
+def owned_by_root(info):
+    """tar filter: files owned by root (mutating: TarInfo.replace() deep-copies the archive)."""
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
 def main():
     name, rootfs, out = sys.argv[1:4]
     entrypoint = sys.argv[sys.argv.index("--") + 1:]
     layer_buf = io.BytesIO()
     with tarfile.open(fileobj=layer_buf, mode="w", format=tarfile.PAX_FORMAT) as layer:
-        layer.add(rootfs, arcname=".", filter=lambda t: t.replace(uid=0, gid=0, uname="", gname=""))
+        layer.add(rootfs, arcname=".", filter=owned_by_root)
     layer_bytes = layer_buf.getvalue()
     with tarfile.open(out, mode="w") as tar:
         layer_desc = blob(tar, layer_bytes)

@@ -133,7 +133,7 @@ POD_EXTRAS="      hostNetwork: true
       dnsPolicy: ClusterFirstWithHostNet"
 ENV_EXTRAS="            - { name: KUBERNETES_SERVICE_HOST, value: \"127.0.0.1\" }
             - { name: KUBERNETES_SERVICE_PORT, value: \"$API_PORT\" }"
-HELM_EXTRA=(--set hostNetwork=true --set probes.enabled=false
+HELM_EXTRA=(--take-ownership --set hostNetwork=true --set probes.enabled=false
   --set "extraEnv[0].name=KUBERNETES_SERVICE_HOST" --set-string "extraEnv[0].value=127.0.0.1"
   --set "extraEnv[1].name=KUBERNETES_SERVICE_PORT" --set-string "extraEnv[1].value=$API_PORT")
 run_scenario

@@ -92,6 +92,7 @@ YAML
 }
 
 holder() { k get dlock -n "$NS" singleton -o jsonpath='{.status.holders[0].pod}'; }
+has_holder() { [ -n "$(holder)" ]; }
 token() { k get dlock -n "$NS" singleton -o jsonpath='{.status.fencingToken}'; }
 # hand_off: delete the holder pod and wait for another pod to hold with a higher token.
 hand_off() {
@@ -122,7 +123,7 @@ spec:
 YAML
     pod_spec Always singleton "trap \"$(line term); exit 0\" TERM; $(line start); while true; do sleep 1; done"; } \
     | k apply -n "$NS" -f -
-  until_ok 120 test -n "$(holder)" || fail "nobody holds the singleton lock"
+  until_ok 120 has_holder || fail "nobody holds the singleton lock"
   hand_off
   # Released, not expired: the CMD stopped on SIGTERM and leasehold run released.
   until_ok 30 bash -c "'$KUBECTL' get events -n $NS --field-selector reason=Released -o name | grep -q ." \
