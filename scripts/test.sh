@@ -29,4 +29,4 @@ else
 fi
 
 step "cargo test (unit, property and integration tests)"
-cargo test --locked --no-fail-fast --lib --bins --tests --examples -- "$@"
+cargo test --locked --no-fail-fast --lib --bins --tests -- "$@"
