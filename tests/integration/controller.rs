@@ -45,9 +45,13 @@ async fn fifo_order_of_five_waiters_with_handoff_on_release() {
     })
     .await;
     assert_eq!(left, 0);
-    let reasons = event_reasons(&ns, "l").await;
-    assert_eq!(reasons.iter().filter(|r| *r == "Granted").count(), 5, "{reasons:?}");
-    assert_eq!(reasons.iter().filter(|r| *r == "Released").count(), 5, "{reasons:?}");
+    // Events are published after each status write: wait for all ten.
+    wait_for("5 Granted and 5 Released events", DEADLINE, || async {
+        let reasons = event_reasons(&ns, "l").await;
+        let count = |what: &str| reasons.iter().filter(|r| *r == what).count();
+        (count("Granted") == 5 && count("Released") == 5).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -74,8 +78,12 @@ async fn holder_pod_deleted_or_finished_revokes_at_once() {
         .wait_lock("l", "c holds after b's pod finished", |l| holders(l) == ["c"])
         .await;
     assert_eq!(tokens(&l), [3]);
-    let reasons = event_reasons(&ns, "l").await;
-    assert_eq!(reasons.iter().filter(|r| *r == "Revoked").count(), 2, "{reasons:?}");
+    // Events are published after the status write: wait for both.
+    wait_for("two Revoked events", DEADLINE, || async {
+        let reasons = event_reasons(&ns, "l").await;
+        (reasons.iter().filter(|r| *r == "Revoked").count() == 2).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
