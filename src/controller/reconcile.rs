@@ -143,8 +143,9 @@ fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     let mut claims = Vec::new();
     let mut warnings = Vec::new();
     let mut released_seen = Vec::new();
-    for claim in observe::claims_of(&ctx.leases, lock) {
-        let (pod, uid) = match observe::validate_claim(&claim) {
+    let leases = observe::claims_of(&ctx.leases, lock);
+    for claim in &leases {
+        let (pod, uid) = match observe::validate_claim(claim) {
             Ok(ok) => ok,
             Err(bad) => {
                 warnings.push((claim.clone(), "InvalidClaim", bad.message().to_string()));
@@ -157,12 +158,12 @@ fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
             .and_then(|s| s.lease_duration_seconds)
             .unwrap_or(0)
             .max(0) as u64;
-        let expires = tracker.expires_at(&claim, lease.max(Duration::from_secs(own)), now);
+        let expires = tracker.expires_at(claim, lease.max(Duration::from_secs(own)), now);
         let expired = now >= expires;
         if !expired {
             deadlines.push(expires);
         }
-        let view = observe::claim_view(&claim, pod, uid, expired, &tracker);
+        let view = observe::claim_view(claim, pod, uid, expired, &tracker);
         if view.released {
             released_seen.push((view.name.clone(), expires - lease - observe::EXPIRY_GRACE));
         }
@@ -205,12 +206,9 @@ fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     }
     tracker.retain_revoked(&ns, &name, &revoked);
     for (claim, reason) in &decision.ignored {
-        if let Some(lease) = observe::claims_of(&ctx.leases, lock)
-            .into_iter()
-            .find(|l| &l.name_any() == claim)
-        {
+        if let Some(lease) = leases.iter().find(|l| &l.name_any() == claim) {
             warnings.push((
-                lease,
+                lease.clone(),
                 "ClaimIgnored",
                 format!("{reason:?}: the claim's pod is not a live pod with that UID"),
             ));
