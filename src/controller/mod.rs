@@ -189,7 +189,7 @@ async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metrics>) {
 
     let t = tracker.clone();
     let leases = watcher(
-        Api::<Lease>::all(client.clone()),
+        opts.api::<Lease>(&client),
         watcher::Config::default().labels(LOCK_LABEL),
     )
     .default_backoff()
@@ -217,7 +217,6 @@ async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metrics>) {
         tracker,
         recorder,
         metrics: metrics.clone(),
-        locks_ready: false.into(),
         synced: synced_rx,
     });
     let (ls, lc, ctx2, ctx3) = (lock_store.clone(), lease_store.clone(), ctx.clone(), ctx.clone());
@@ -231,11 +230,10 @@ async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metrics>) {
         );
         async move {
             store_ready(&k).await;
-            ctx3.locks_ready.store(true, Ordering::Relaxed);
             store_ready(&l).await;
             store_ready(&p).await;
             let _ = synced_tx.send(true);
-            // Claims seen before the lock cache synced were not checked: check them now.
+            // Claims seen before the caches synced were not checked: check them now.
             for lease in l.state() {
                 lock_of_claim(&lease, &k, &ctx3);
             }
@@ -275,7 +273,7 @@ fn lock_of_claim(
 ) -> Option<ObjectRef<DistributedLock>> {
     let ns = lease.namespace()?;
     let lock = ObjectRef::new(observe::claim_lock(lease)?).within(&ns);
-    if ctx.locks_ready.load(Ordering::Relaxed) && locks.get(&lock).is_none() {
+    if *ctx.synced.borrow() && locks.get(&lock).is_none() {
         let uid = lease.uid().unwrap_or_default();
         let first = ctx
             .tracker

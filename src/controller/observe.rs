@@ -79,8 +79,13 @@ impl Tracker {
     /// When a claim's lease (plus grace) runs out, judged from its last seen change.
     pub fn expires_at(&mut self, lease: &Lease, duration: Duration, now: Instant) -> Instant {
         self.observe(lease, now);
+        self.changed_at(lease) + duration + EXPIRY_GRACE
+    }
+
+    /// When this controller last saw the claim change (now, if never seen).
+    pub fn changed_at(&self, lease: &Lease) -> Instant {
         let key = (lease.namespace().unwrap_or_default(), lease.name_any());
-        self.claims[&key].changed_at + duration + EXPIRY_GRACE
+        self.claims.get(&key).map_or_else(Instant::now, |s| s.changed_at)
     }
 
     fn arrival(&self, lease: &Lease) -> Arrival {

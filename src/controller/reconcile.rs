@@ -44,9 +44,7 @@ pub struct Context {
     pub recorder: Recorder,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
-    /// Set once the lock cache has synced.
-    pub locks_ready: std::sync::atomic::AtomicBool,
-    /// Becomes true once the claim and pod caches have synced.
+    /// Becomes true once the lock, claim and pod caches have synced.
     pub synced: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -165,7 +163,7 @@ fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         }
         let view = observe::claim_view(claim, pod, uid, expired, &tracker);
         if view.released {
-            released_seen.push((view.name.clone(), expires - lease - observe::EXPIRY_GRACE));
+            released_seen.push((view.name.clone(), tracker.changed_at(claim)));
         }
         claims.push(view);
     }
