@@ -102,13 +102,12 @@ pub(crate) fn spawn_renewal(
                     lost.cancel();
                     return;
                 }
-                Ok(Err(e)) => {
-                    tracing::warn!(claim = name, error = %e, "renewal failed; retrying");
-                    next = Instant::now() + backoff;
-                    backoff = (backoff * 2).min(renew_interval(lease));
-                }
-                Err(_) => {
-                    tracing::warn!(claim = name, "renewal timed out; retrying");
+                failed => {
+                    let error = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "timed out".to_string(),
+                    };
+                    tracing::warn!(claim = name, error, "renewal failed; retrying");
                     next = Instant::now() + backoff;
                     backoff = (backoff * 2).min(renew_interval(lease));
                 }
