@@ -17,7 +17,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use leasehold::api::{DistributedLock, DistributedLockSpec};
-use leasehold::claim::{PodIdentity, claim_lease, claim_name, release_patch};
+use leasehold::protocol::claim::{PodIdentity, claim_lease, claim_name, release_patch};
 
 const LEASEHOLD: &str = env!("CARGO_BIN_EXE_leasehold");
 
@@ -37,7 +37,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?
         .block_on(async {
-            let client = leasehold::dev::client_for(&kubeconfig).await?;
+            let client = leasehold::kubeconfig::client_for(&kubeconfig).await?;
             let controller_task = tokio::spawn(leasehold::controller::run(
                 client.clone(),
                 leasehold::controller::Options::single("bench", None),

@@ -1,5 +1,5 @@
-//! The `DistributedLock` custom resource (`leasehold.dev/v1alpha1`) and the label and
-//! annotation names of the claim protocol.
+//! The `DistributedLock` custom resource (`leasehold.dev/v1alpha1`). The claim Leases
+//! that ask for it are described in [`crate::protocol`].
 //!
 //! Doc comments on the fields below become the CRD's schema descriptions, so they are
 //! what `kubectl explain distributedlock.spec` prints.
@@ -11,14 +11,6 @@ use serde::{Deserialize, Serialize};
 
 /// The API group of leasehold's resources.
 pub const GROUP: &str = "leasehold.dev";
-/// Label on a claim Lease naming the DistributedLock it asks for.
-pub const LOCK_LABEL: &str = "leasehold.dev/lock";
-/// Annotation on a claim Lease carrying the UID of the pod that made it.
-pub const POD_UID_ANNOTATION: &str = "leasehold.dev/pod-uid";
-/// Annotation a client sets to `"true"` on its claim to release the lock (or withdraw).
-pub const RELEASED_ANNOTATION: &str = "leasehold.dev/released";
-/// Annotation the controller stamps on a granted claim: the grant's fencing token.
-pub const FENCING_TOKEN_ANNOTATION: &str = "leasehold.dev/fencing-token";
 /// Default `spec.leaseDurationSeconds`.
 pub const DEFAULT_LEASE_DURATION_SECONDS: i32 = 15;
 /// Default `spec.maxHolders`.

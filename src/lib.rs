@@ -1,15 +1,58 @@
 //! leasehold: fair (FIFO), fenced distributed locks for Kubernetes pods.
+//!
+//! A `DistributedLock` custom resource ([`api`]) is granted to pods in arrival order by
+//! the controller ([`controller`]); every grant carries a strictly increasing fencing
+//! token. Pods ask with claim Leases and learn of their grant from a watch on the
+//! lock ([`client`]). The claim's format and the timing rules that make the handoff
+//! safe live in [`protocol`]; the grant rules themselves in the pure [`decide`] core.
+//!
+//! ```text
+//!  pod A (client)                          controller                        pod B
+//!  create claim Lease  ─────────────────▶  sees claim (watch)
+//!    label leasehold.dev/lock=my-lock      decide (pure): queue, grant
+//!  renew every lease/3                     write DistributedLock.status ◀── resourceVersion
+//!  watch DistributedLock ◀───────────────    holders: [A, token 7]          precondition
+//!  "A holds, token 7" → work, fenced by 7    queue:   [B]
+//!  done → mark claim released ───────────▶ free slot, grant B token 8 ─────▶ B works
+//!  A's pod gone / claim unrenewed / claim deleted by someone else:
+//!    revoke; a slot passes on only once A has certainly stopped
+//! ```
+//!
+//! Holding a lock from Rust (the pod's identity comes from the downward API:
+//! `POD_NAME`, `POD_NAMESPACE`, `POD_UID`):
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use leasehold::client::Lock;
+//!
+//! let lock = Lock::new(kube::Client::try_default().await?, "default", "my-lock")?;
+//! let guard = lock.acquire().await?; // FIFO, woken by a watch
+//! let token = guard.fencing_token(); // pass it to the storage you protect
+//! tokio::select! {
+//!     _ = guard.lost() => { /* revoked or renewals failing: stop now */ }
+//!     _ = async { /* the critical section, fenced by `token` */ } => {}
+//! }
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod api;
-pub mod check;
-pub mod claim;
-pub mod cli;
 pub mod client;
 pub mod controller;
 pub mod crd;
 pub mod decide;
+pub mod kubeconfig;
+pub mod protocol;
+
+#[doc(hidden)]
+pub mod check;
+#[doc(hidden)]
+pub mod cli;
+#[doc(hidden)]
 pub mod dev;
-pub mod guard;
+#[doc(hidden)]
+pub mod supervise;
+#[doc(hidden)]
 pub mod telemetry;

@@ -33,7 +33,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let started = Instant::now();
     eprintln!("leasehold dev: starting etcd, kube-apiserver and kube-controller-manager on loopback...");
-    let leasehold = crate::guard::self_exe()?;
+    let leasehold = crate::supervise::self_exe()?;
     let cp = tokio::select! {
         cp = ControlPlane::start_with(&leasehold, &args.kcm_controllers) => cp?,
         _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted while starting"),
@@ -42,7 +42,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let client = cp.client().await?;
     crate::crd::install(client.clone()).await?;
     if args.demo {
-        let result = super::demo::run(client, cp.kubeconfig()).await;
+        let result = crate::dev::demo::run(client, cp.kubeconfig()).await;
         cp.stop().await;
         return result;
     }

@@ -1,10 +1,9 @@
 //! The `leasehold` command line: one subcommand per job.
 
 mod controller;
-mod demo;
 mod dev;
 pub mod run;
-mod status;
+pub(crate) mod status;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -76,7 +75,7 @@ impl Cli {
 pub fn run_sync(cli: &Cli) -> Option<ExitCode> {
     match &cli.command {
         Command::Guard { signal, command } => {
-            let err = crate::guard::exec_guarded(*signal, command);
+            let err = crate::supervise::exec_guarded(*signal, command);
             eprintln!("leasehold guard: {err}");
             Some(ExitCode::from(127))
         }

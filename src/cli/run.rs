@@ -4,7 +4,7 @@
 //! SIGTERM/SIGINT are forwarded to it; when it exits the lock is released and its exit
 //! status becomes ours. If the grant is lost, CMD gets SIGTERM and, after the safety
 //! margin, SIGKILL — so it is dead before the lease could run out. CMD runs under
-//! `leasehold guard`, so it dies with us even if we are killed by SIGKILL.
+//! `leasehold guard` ([`crate::supervise`]), so it dies with us even if we are killed by SIGKILL.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -15,7 +15,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::client::{Error as ClientError, Lock, safety_margin};
+use crate::client::{Error as ClientError, Lock};
+use crate::protocol::timing::safety_margin;
 
 /// Exit status when `--timeout` passed before the lock was granted (EX_TEMPFAIL).
 pub const EXIT_TIMEOUT: u8 = 75;
@@ -43,17 +44,9 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-/// Build a client, honouring `--kubeconfig`.
-pub async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
-    Ok(match kubeconfig {
-        Some(path) => crate::dev::client_for(path).await?,
-        None => kube::Client::try_default().await?,
-    })
-}
-
 /// Acquire, run CMD, release; returns CMD's exit status (or 75 / 76).
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let client = client(args.kubeconfig.as_ref()).await?;
+    let client = crate::kubeconfig::client(args.kubeconfig.as_deref()).await?;
     let namespace = args
         .namespace
         .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
@@ -83,7 +76,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let token = guard.fencing_token();
     eprintln!("leasehold: holding lock {} with fencing token {token}", args.lock);
     let (program, rest) = args.command.split_first().expect("clap requires a command");
-    let mut cmd = crate::guard::guarded_command(&crate::guard::self_exe()?, Signal::SIGKILL, program.clone());
+    let mut cmd = crate::supervise::guarded_command(&crate::supervise::self_exe()?, Signal::SIGKILL, program.clone());
     cmd.args(rest)
         .env("LEASEHOLD_LOCK", &args.lock)
         .env("LEASEHOLD_NAMESPACE", &namespace)

@@ -25,7 +25,7 @@ pub struct StatusArgs {
 
 /// Print the lock's status.
 pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
-    let client = super::run::client(args.kubeconfig.as_ref()).await?;
+    let client = crate::kubeconfig::client(args.kubeconfig.as_deref()).await?;
     let ns = args.namespace.unwrap_or_else(|| client.default_namespace().to_string());
     let lock = Api::<DistributedLock>::namespaced(client, &ns).get(&args.lock).await?;
     if args.output == "json" {

@@ -1,20 +1,16 @@
-//! Prometheus metrics (prometheus-client) and the HTTP endpoints /metrics, /healthz
-//! and /readyz.
+//! Prometheus metrics (prometheus-client): the families, their labels, and how the
+//! controller records into them.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::api::RevokeReason;
 
 /// Labels naming one lock.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -105,6 +101,42 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Count a grant of lock `ns/lock`, with how long the claim waited in the queue.
+    pub fn record_grant(&self, ns: &str, lock: &str, waited_secs: Option<f64>) {
+        self.grants.get_or_create(&lock_labels(ns, lock)).inc();
+        if let Some(s) = waited_secs {
+            self.wait_seconds.observe(s);
+        }
+    }
+
+    /// Record the end of a grant (release, or revocation with its reason), with how
+    /// long it was held.
+    pub fn record_slot_end(&self, held_secs: Option<f64>, revoked: Option<RevokeReason>) {
+        if let Some(s) = held_secs {
+            self.hold_seconds.observe(s);
+        }
+        if let Some(reason) = revoked {
+            let labels = ReasonLabels {
+                reason: reason.as_str().into(),
+            };
+            self.revocations.get_or_create(&labels).inc();
+        }
+    }
+
+    /// Set the number of waiting claims of lock `ns/lock`.
+    pub fn set_queue_depth(&self, ns: &str, lock: &str, depth: usize) {
+        let depth = i64::try_from(depth).unwrap_or(i64::MAX);
+        self.queue_depth.get_or_create(&lock_labels(ns, lock)).set(depth);
+    }
+
+    /// Count a reconcile error by its fixed category.
+    pub fn record_error(&self, category: &'static str) {
+        let labels = CategoryLabels {
+            category: category.into(),
+        };
+        self.errors.get_or_create(&labels).inc();
+    }
+
     /// The metrics in the OpenMetrics text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -113,26 +145,9 @@ impl Metrics {
     }
 }
 
-/// Serve /metrics, /healthz and /readyz on `addr` until the task is dropped.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(|State(m): State<Arc<Metrics>>| async move { m.encode() }),
-        )
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(|State(m): State<Arc<Metrics>>| async move {
-                if m.ready.load(Ordering::Relaxed) {
-                    (StatusCode::OK, "ok")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
-                }
-            }),
-        )
-        .with_state(metrics);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-    axum::serve(listener, app).await
+fn lock_labels(ns: &str, lock: &str) -> LockLabels {
+    LockLabels {
+        namespace: ns.into(),
+        lock: lock.into(),
+    }
 }

@@ -1,185 +1,127 @@
-//! Observation: what the controller has seen of claims, on its own monotonic clock,
-//! and the translation of stored objects into the decide core's inputs.
-//!
-//! A claim's expiry is judged from the moment *this controller* saw its last change
-//! (any new resourceVersion), never from the renewTime another machine wrote. After a
-//! restart every claim counts as freshly renewed, which only delays expiry (safe).
+//! Observation: the stored claims and pods of one lock, and the tracker's clock,
+//! turned into the decide core's inputs; then the decision, with when to look again.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 
-use crate::api::{DistributedLock, LOCK_LABEL, POD_UID_ANNOTATION, RELEASED_ANNOTATION};
-use crate::decide::{Arrival, ClaimView, PodView};
+use super::context::Context;
+use super::tracker::Tracker;
+use crate::api::DistributedLock;
+use crate::decide::{ClaimView, Decision, PodView, World, decide};
+use crate::protocol::claim;
 
-/// Extra time, beyond the lease duration, before the controller judges a claim
-/// expired or a held-back slot free. Covers scheduling delays and clock-rate drift.
-pub const EXPIRY_GRACE: Duration = Duration::from_secs(2);
-
-/// (namespace, name) of a namespaced object.
-pub type Key = (String, String);
-
-/// What the controller saw of one claim.
-#[derive(Clone, Debug)]
-struct Seen {
-    resource_version: String,
-    changed_at: Instant,
-    seq: u64,
+/// What one decision plans, with when to look again.
+pub struct Plan {
+    /// The decide core's outcome.
+    pub decision: Decision,
+    /// The next time-based transition (expiry, end of a hold-back), if any.
+    pub next_deadline: Option<Instant>,
+    /// Warning events to publish on claims: (claim, reason, note).
+    pub warnings: Vec<(Arc<Lease>, &'static str, String)>,
+    /// Released claims with when this controller saw the release, for the handoff metric.
+    pub released_seen: Vec<(String, Instant)>,
 }
 
-/// The controller's memory of claims and revocations, fed by the watch streams.
-#[derive(Debug, Default)]
-pub struct Tracker {
-    claims: HashMap<Key, Seen>,
-    next_seq: u64,
-    /// (namespace, lock, claim) -> when this controller first saw it revoked.
-    revoked: HashMap<(String, String, String), Instant>,
-    /// Warnings already published, by (object uid, reason): each is said once.
-    warned: HashSet<(String, &'static str)>,
-}
-
-// === impl Tracker ===
-
-impl Tracker {
-    /// Record a claim seen in a watch event (or a list); a new resourceVersion
-    /// counts as a renewal seen now.
-    pub fn observe(&mut self, lease: &Lease, now: Instant) {
-        let key = (lease.namespace().unwrap_or_default(), lease.name_any());
-        let rv = lease.resource_version().unwrap_or_default();
-        match self.claims.get_mut(&key) {
-            Some(seen) if seen.resource_version == rv => {}
-            Some(seen) => {
-                seen.resource_version = rv;
-                seen.changed_at = now;
+/// Observe the stores and the tracker, and decide.
+pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
+    let ns = lock.namespace().unwrap_or_default();
+    let name = lock.name_any();
+    let lease = Duration::from_secs(lock.spec.lease_duration_seconds.max(1) as u64);
+    let status = lock.status.clone().unwrap_or_default();
+    let mut tracker = ctx.tracker.lock().expect("tracker lock poisoned");
+    let mut deadlines = Vec::new();
+    let mut claims = Vec::new();
+    let mut warnings = Vec::new();
+    let mut released_seen = Vec::new();
+    let leases = claims_of(&ctx.leases, lock);
+    for lease_obj in &leases {
+        let (pod, uid) = match claim::validate_claim(lease_obj) {
+            Ok(ok) => ok,
+            Err(bad) => {
+                warnings.push((lease_obj.clone(), "InvalidClaim", bad.message().to_string()));
+                continue;
             }
-            None => {
-                self.next_seq += 1;
-                self.claims.insert(
-                    key,
-                    Seen {
-                        resource_version: rv,
-                        changed_at: now,
-                        seq: self.next_seq,
-                    },
-                );
-            }
+        };
+        let own = claim::claim_lease_duration(lease_obj);
+        let expires = tracker.expires_at(lease_obj, lease, own, now);
+        let expired = now >= expires;
+        if !expired {
+            deadlines.push(expires);
+        }
+        let view = claim_view(lease_obj, pod, uid, expired, &tracker);
+        if view.released {
+            released_seen.push((view.name.clone(), tracker.changed_at(lease_obj)));
+        }
+        claims.push(view);
+    }
+    let pod_names = claims.iter().map(|c| c.pod.as_str());
+    let pod_names = pod_names.chain(status.holders.iter().map(|h| h.pod.as_str()));
+    let pods = pod_views(
+        &ctx.pods,
+        &ns,
+        pod_names.chain(status.queue.iter().map(|w| w.pod.as_str())),
+    );
+    let mut elapsed = BTreeSet::new();
+    for h in status.holders.iter().filter(|h| h.revoked.is_some()) {
+        let ends = tracker.hold_back_ends(&ns, &name, &h.claim, lease, now);
+        if now >= ends {
+            elapsed.insert(h.claim.clone());
+        } else {
+            deadlines.push(ends);
         }
     }
-
-    /// Forget a deleted claim.
-    pub fn forget(&mut self, lease: &Lease) {
-        self.claims
-            .remove(&(lease.namespace().unwrap_or_default(), lease.name_any()));
-    }
-
-    /// When a claim's lease (plus grace) runs out, judged from its last seen change.
-    pub fn expires_at(&mut self, lease: &Lease, duration: Duration, now: Instant) -> Instant {
-        self.observe(lease, now);
-        self.changed_at(lease) + duration + EXPIRY_GRACE
-    }
-
-    /// When this controller last saw the claim change (now, if never seen).
-    pub fn changed_at(&self, lease: &Lease) -> Instant {
-        let key = (lease.namespace().unwrap_or_default(), lease.name_any());
-        self.claims.get(&key).map_or_else(Instant::now, |s| s.changed_at)
-    }
-
-    fn arrival(&self, lease: &Lease) -> Arrival {
-        let key = (lease.namespace().unwrap_or_default(), lease.name_any());
-        Arrival {
-            created_secs: lease.creation_timestamp().map(|t| t.0.as_second()).unwrap_or_default(),
-            seen_seq: self.claims.get(&key).map(|s| s.seq).unwrap_or(u64::MAX),
-        }
-    }
-
-    /// When a revoked holder's hold-back delay ends: one lease duration plus grace
-    /// after this controller first saw the revocation.
-    pub fn hold_back_ends(&mut self, ns: &str, lock: &str, claim: &str, duration: Duration, now: Instant) -> Instant {
-        let first = *self
-            .revoked
-            .entry((ns.into(), lock.into(), claim.into()))
-            .or_insert(now);
-        first + duration + EXPIRY_GRACE
-    }
-
-    /// Drop revocation memories of a lock that are no longer in its status.
-    pub fn retain_revoked(&mut self, ns: &str, lock: &str, still: &BTreeSet<String>) {
-        self.revoked
-            .retain(|(n, l, c), _| !(n == ns && l == lock) || still.contains(c));
-    }
-
-    /// True the first time a warning of this reason is raised for this object.
-    pub fn first_warning(&mut self, uid: &str, reason: &'static str) -> bool {
-        self.warned.insert((uid.to_string(), reason))
-    }
-}
-
-/// Why a claim Lease is malformed, for a Warning event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BadClaim {
-    /// No `spec.holderIdentity` naming the pod.
-    NoHolder,
-    /// No `leasehold.dev/pod-uid` annotation.
-    NoPodUid,
-    /// No ownerReference to its Pod with that name and UID.
-    NoPodOwner,
-}
-
-impl BadClaim {
-    /// A human explanation.
-    pub fn message(self) -> &'static str {
-        match self {
-            Self::NoHolder => "claim has no spec.holderIdentity naming its pod",
-            Self::NoPodUid => "claim has no leasehold.dev/pod-uid annotation",
-            Self::NoPodOwner => "claim has no ownerReference to its Pod (kind Pod, matching name and uid)",
-        }
-    }
-}
-
-/// Check a claim's shape; return its (pod, pod UID).
-pub fn validate_claim(lease: &Lease) -> Result<(String, String), BadClaim> {
-    let pod = lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.clone())
-        .filter(|p| !p.is_empty());
-    let pod = pod.ok_or(BadClaim::NoHolder)?;
-    let uid = lease
-        .annotations()
-        .get(POD_UID_ANNOTATION)
-        .cloned()
-        .filter(|u| !u.is_empty());
-    let uid = uid.ok_or(BadClaim::NoPodUid)?;
-    let owned = lease
-        .owner_references()
+    let world = World {
+        spec: &lock.spec,
+        status: &status,
+        claims: &claims,
+        pods: &pods,
+        hold_back_elapsed: &elapsed,
+        now: Timestamp::now(),
+    };
+    let decision = decide(&world);
+    let revoked: BTreeSet<String> = decision
+        .status
+        .holders
         .iter()
-        .any(|o| o.kind == "Pod" && o.name == pod && o.uid == uid);
-    if !owned {
-        return Err(BadClaim::NoPodOwner);
+        .filter(|h| h.revoked.is_some())
+        .map(|h| h.claim.clone())
+        .collect();
+    for claim in &revoked {
+        deadlines.push(tracker.hold_back_ends(&ns, &name, claim, lease, now));
     }
-    Ok((pod, uid))
-}
-
-/// The lock a claim asks for, by its label.
-pub fn claim_lock(lease: &Lease) -> Option<&str> {
-    lease
-        .labels()
-        .get(LOCK_LABEL)
-        .map(String::as_str)
-        .filter(|l| !l.is_empty())
+    tracker.retain_revoked(&ns, &name, &revoked);
+    for (claim, reason) in &decision.ignored {
+        if let Some(lease) = leases.iter().find(|l| &l.name_any() == claim) {
+            warnings.push((
+                lease.clone(),
+                "ClaimIgnored",
+                format!("{reason:?}: the claim's pod is not a live pod with that UID"),
+            ));
+        }
+    }
+    warnings.retain(|(l, reason, _)| tracker.first_warning(&l.uid().unwrap_or_default(), reason));
+    Plan {
+        decision,
+        next_deadline: deadlines.into_iter().min(),
+        warnings,
+        released_seen,
+    }
 }
 
 /// The claims of one lock, from the store.
-pub fn claims_of(store: &Store<Lease>, lock: &DistributedLock) -> Vec<std::sync::Arc<Lease>> {
+pub fn claims_of(store: &Store<Lease>, lock: &DistributedLock) -> Vec<Arc<Lease>> {
     let (ns, name) = (lock.namespace(), lock.name_any());
     store
         .state()
         .into_iter()
-        .filter(|l| l.namespace() == ns && claim_lock(l) == Some(name.as_str()))
+        .filter(|l| l.namespace() == ns && claim::claim_lock(l) == Some(name.as_str()))
         .collect()
 }
 
@@ -190,10 +132,7 @@ pub fn claim_view(lease: &Lease, pod: String, pod_uid: String, expired: bool, tr
         pod,
         pod_uid,
         arrival: tracker.arrival(lease),
-        released: lease
-            .annotations()
-            .get(RELEASED_ANNOTATION)
-            .is_some_and(|v| v == "true"),
+        released: claim::is_released(lease),
         expired,
     }
 }

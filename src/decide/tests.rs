@@ -2,7 +2,9 @@
 //! sentences: `lock().held_by("a").queued("b")`.
 
 use super::*;
-use crate::api::Holder;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{DistributedLockSpec, Holder};
 
 /// A lock plus its observed world, built up step by step.
 pub(super) struct Fixture {

@@ -1,25 +1,30 @@
 //! A real local control plane for tests and the demo: etcd, kube-apiserver and
 //! kube-controller-manager as plain processes on loopback ports, in a temp dir.
 //!
-//! Every child runs under [`crate::guard`], so it dies with the process that started
+//! Every child runs under [`crate::supervise`], so it dies with the process that started
 //! it, even one killed by SIGKILL. The temp dir carries a lock file held for the
 //! launcher's lifetime; a later start removes dirs whose lock is free (their launcher
 //! died without cleaning up). [`ControlPlane::stop`] (or dropping it) ends the
 //! children and removes the dir.
 
+pub mod demo;
+mod harness;
 mod provision;
+mod workdir;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kube::Client;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::Child;
 
+pub use harness::spawn_for_process;
 pub use provision::{BIN_ENV, binaries};
+pub use workdir::sweep_stale_dirs;
+use workdir::{free_ports, kubeconfig_yaml, log_tail, new_dir, remove_dir, write};
 
 /// How long the API server may take to report ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -109,7 +114,9 @@ impl ControlPlane {
 
     /// A client for the admin user.
     pub async fn client(&self) -> Result<Client, DevError> {
-        client_for(&self.kubeconfig).await
+        crate::kubeconfig::client_for(&self.kubeconfig)
+            .await
+            .map_err(DevError::Client)
     }
 
     async fn launch(&mut self, bin: &Path, leasehold: &Path, controllers: &str) -> Result<(), DevError> {
@@ -200,7 +207,9 @@ impl ControlPlane {
                 "--profiling=false",
             ],
         )?;
-        let client = client_for(&self.kubeconfig).await?;
+        let client = crate::kubeconfig::client_for(&self.kubeconfig)
+            .await
+            .map_err(DevError::Client)?;
         self.wait_ready(&client).await?;
         let kcm = bin.join("kube-controller-manager");
         if kcm.exists() {
@@ -242,7 +251,7 @@ impl ControlPlane {
         std::fs::create_dir_all(&logs).map_err(|e| prep(&logs, e))?;
         let log = File::create(logs.join(format!("{name}.log"))).map_err(|e| prep(&logs, e))?;
         let err = log.try_clone().map_err(|e| prep(&logs, e))?;
-        let mut cmd = crate::guard::guarded_command(&leasehold.to_path_buf(), Signal::SIGKILL, program);
+        let mut cmd = crate::supervise::guarded_command(&leasehold.to_path_buf(), Signal::SIGKILL, program);
         cmd.args(args)
             .stdin(std::process::Stdio::null())
             .stdout(log)
@@ -298,114 +307,6 @@ impl Drop for ControlPlane {
             remove_dir(&self.dir);
         }
     }
-}
-
-/// Start `leasehold dev --die-with-parent` (the binary at `leasehold`) from a thread
-/// that lives as long as this process — the parent-death signal is tied to the spawning
-/// thread — and return its kubeconfig once ready. The control plane stops when this
-/// process exits, however it exits. For test harnesses and benchmarks.
-pub fn spawn_for_process(leasehold: &Path, timeout: Duration) -> std::io::Result<PathBuf> {
-    use std::io::BufRead;
-    let leasehold = leasehold.to_path_buf();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        // Spawned from this thread, which never ends, not from the caller's.
-        let spawned = std::process::Command::new(&leasehold)
-            .args(["dev", "--die-with-parent"])
-            .stdout(std::process::Stdio::piped())
-            .spawn();
-        let mut child = match spawned {
-            Ok(child) => child,
-            Err(e) => return drop(tx.send(Err(e))),
-        };
-        let stdout = child.stdout.take().expect("stdout is piped");
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(path) = line.strip_prefix("KUBECONFIG=") {
-                let _ = tx.send(Ok(PathBuf::from(path)));
-            }
-        }
-        let _keep = child; // hold the child while this thread parks forever
-        loop {
-            std::thread::park();
-        }
-    });
-    rx.recv_timeout(timeout).map_err(|_| {
-        std::io::Error::other(format!(
-            "leasehold dev was not ready within {timeout:?} (see its stderr)"
-        ))
-    })?
-}
-
-/// A client for a kubeconfig file.
-pub async fn client_for(path: &Path) -> Result<Client, DevError> {
-    let kc = Kubeconfig::read_from(path).map_err(|e| DevError::Client(kube::Error::InferKubeconfig(e)))?;
-    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| DevError::Client(kube::Error::InferKubeconfig(e)))?;
-    Client::try_from(config).map_err(DevError::Client)
-}
-
-fn kubeconfig_yaml(port: u16, token: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: leasehold-dev\n  cluster:\n    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: leasehold-dev\n  context:\n    cluster: leasehold-dev\n    user: admin\n    namespace: default\ncurrent-context: leasehold-dev\n"
-    )
-}
-
-/// Three distinct free loopback ports (bound together, then released).
-fn free_ports() -> [u16; 3] {
-    let socks: Vec<_> = (0..3)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
-        .collect();
-    let port = |i: usize| socks[i].local_addr().expect("bound socket has an address").port();
-    [port(0), port(1), port(2)]
-}
-
-fn root_dir() -> PathBuf {
-    std::env::temp_dir().join(DIR_PREFIX)
-}
-
-fn new_dir() -> Result<PathBuf, DevError> {
-    let dir = root_dir().join(format!("{}-{:08x}", std::process::id(), rand::random::<u32>()));
-    std::fs::create_dir_all(&dir).map_err(|e| prep(&dir, e))?;
-    Ok(dir)
-}
-
-/// Remove the dirs of launchers that died without cleaning up (their lock is free).
-pub fn sweep_stale_dirs() {
-    let Ok(entries) = std::fs::read_dir(root_dir()) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let dir = entry.path();
-        let stale = match File::open(dir.join("alive")) {
-            Ok(f) => f.try_lock().is_ok(),
-            Err(_) => dir
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(600)),
-        };
-        if stale {
-            tracing::info!(dir = %dir.display(), "removing a stale control plane dir");
-            remove_dir(&dir);
-        }
-    }
-}
-
-fn remove_dir(dir: &Path) {
-    if let Ok(data) = std::fs::read_to_string(dir.join("etcd-data-dir")) {
-        let _ = std::fs::remove_dir_all(data.trim());
-    }
-    let _ = std::fs::remove_dir_all(dir);
-}
-
-fn log_tail(dir: &Path, name: &str) -> String {
-    let text = std::fs::read_to_string(dir.join("logs").join(format!("{name}.log"))).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(20)..].join("\n")
-}
-
-fn write(path: &Path, text: &str) -> Result<(), DevError> {
-    std::fs::write(path, text).map_err(|e| prep(path, e))
 }
 
 fn prep(path: &Path, e: std::io::Error) -> DevError {

@@ -117,7 +117,7 @@ async fn chart_installs_and_its_rbac_is_enough_and_no_more() {
     assert!(forbidden(locks.create(&PostParams::default(), &new).await));
     let spec = Patch::Merge(serde_json::json!({"spec": {"maxHolders": 5}}));
     assert!(forbidden(locks.patch("l", &PatchParams::default(), &spec).await));
-    let lease = leasehold::claim::claim_lease("forged", "l", &a, 60);
+    let lease = leasehold::protocol::claim::claim_lease("forged", "l", &a, 60);
     assert!(forbidden(
         leases_as(&as_controller, ns)
             .create(&PostParams::default(), &lease)

@@ -5,8 +5,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use leasehold::api::DistributedLockSpec;
-use leasehold::claim::PodIdentity;
 use leasehold::client::Lock;
+use leasehold::protocol::claim::PodIdentity;
 use tokio::process::{Child, Command};
 
 use crate::proxy::Proxy;

@@ -278,7 +278,7 @@ async fn bad_claims_get_warnings_and_block_nothing() {
     // A malformed claim (no pod-uid annotation) is ignored with a Warning.
     ns.lock("l", spec(120, 1)).await;
     let b = ns.pod("b").await;
-    let mut bad = leasehold::claim::claim_lease("bad-claim", "l", &b, 120);
+    let mut bad = leasehold::protocol::claim::claim_lease("bad-claim", "l", &b, 120);
     bad.metadata.annotations = None;
     leases(&ns).create(&PostParams::default(), &bad).await.unwrap();
     wait_for("InvalidClaim warning", DEADLINE, || async {

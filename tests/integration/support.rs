@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use leasehold::api::{DistributedLock, DistributedLockSpec};
-use leasehold::claim::PodIdentity;
+use leasehold::protocol::claim::PodIdentity;
 
 /// The leasehold binary under test.
 pub const LEASEHOLD: &str = env!("CARGO_BIN_EXE_leasehold");
@@ -32,7 +32,7 @@ pub async fn client() -> Client {
         .with_env_filter(filter)
         .with_test_writer()
         .try_init();
-    leasehold::dev::client_for(kubeconfig())
+    leasehold::kubeconfig::client_for(kubeconfig())
         .await
         .expect("client for the local control plane")
 }
@@ -187,8 +187,8 @@ pub fn leases(ns: &TestNs) -> Api<k8s_openapi::api::coordination::v1::Lease> {
 
 /// Create a claim for `lock` from `pod` (the raw protocol); returns its name.
 pub async fn claim(ns: &TestNs, lock: &str, pod: &PodIdentity, lease_secs: i32) -> String {
-    let name = leasehold::claim::claim_name(lock);
-    let lease = leasehold::claim::claim_lease(&name, lock, pod, lease_secs);
+    let name = leasehold::protocol::claim::claim_name(lock);
+    let lease = leasehold::protocol::claim::claim_lease(&name, lock, pod, lease_secs);
     leases(ns)
         .create(&PostParams::default(), &lease)
         .await
@@ -198,7 +198,7 @@ pub async fn claim(ns: &TestNs, lock: &str, pod: &PodIdentity, lease_secs: i32) 
 
 /// Mark a claim released (the raw protocol).
 pub async fn release(ns: &TestNs, claim: &str) {
-    let patch = Patch::Merge(leasehold::claim::release_patch());
+    let patch = Patch::Merge(leasehold::protocol::claim::release_patch());
     leases(ns)
         .patch(claim, &PatchParams::default(), &patch)
         .await
@@ -210,7 +210,7 @@ pub fn keep_renewing(ns: &TestNs, claim: &str, every: Duration) -> tokio::task::
     let (api, claim) = (leases(ns), claim.to_string());
     tokio::spawn(async move {
         loop {
-            let patch = Patch::Merge(leasehold::claim::renew_patch());
+            let patch = Patch::Merge(leasehold::protocol::claim::renew_patch());
             if api.patch(&claim, &PatchParams::default(), &patch).await.is_err() {
                 return;
             }

@@ -49,14 +49,14 @@ pub async fn run(client: Client, kubeconfig: &Path) -> anyhow::Result<()> {
 
     let printer = tokio::spawn(print_changes(locks.clone()));
     let pods: Api<Pod> = Api::namespaced(client.clone(), DEMO_NAMESPACE);
-    let leasehold = crate::guard::self_exe()?;
+    let leasehold = crate::supervise::self_exe()?;
     let mut runs = Vec::new();
     for i in 1..=DEMO_CLIENTS {
         let name = format!("worker-{i}");
         let pod = serde_json::json!({"metadata": {"name": name}, "spec": {"automountServiceAccountToken": false, "containers": [{"name": "app", "image": "leasehold"}]}});
         let _ = pods.delete(&name, &Default::default()).await;
         let pod = create_retrying(&pods, pod).await?;
-        let mut cmd = crate::guard::guarded_command(&leasehold, Signal::SIGKILL, &leasehold);
+        let mut cmd = crate::supervise::guarded_command(&leasehold, Signal::SIGKILL, &leasehold);
         cmd.arg("run").arg("--kubeconfig").arg(kubeconfig).args([
             "--lock",
             "demo",
@@ -99,7 +99,7 @@ async fn print_changes(locks: Api<DistributedLock>) {
         if last.as_ref() != Some(&key) {
             println!(
                 "\n$ leasehold status demo -n demo\n{}",
-                super::status::table(&lock, jiff::Timestamp::now())
+                crate::cli::status::table(&lock, jiff::Timestamp::now())
             );
             last = Some(key);
         }

@@ -1,0 +1,183 @@
+//! A claim's session: create the claim, keep it renewed, and publish whether it still
+//! stands on a watch channel.
+//!
+//! One background task owns the renewals; whoever else learns that the claim is lost
+//! (the lock's watch seeing a revocation) reports it through [`Session::lose`]. The
+//! timing follows [`crate::protocol::timing`]: `lost` is published no later than
+//! [`client_stop_by`] the moment the last successful write was sent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::Error;
+use crate::protocol::claim::{self, PodIdentity};
+use crate::protocol::timing::{client_stop_by, renew_interval, renew_timeout};
+
+/// Where a claim's session stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// The claim stands and is being renewed.
+    Live,
+    /// The claim no longer stands: stop acting on the lock's behalf.
+    Lost(LostReason),
+    /// The claim was released (or withdrawn) by this process.
+    Ended,
+}
+
+/// Why a session was lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LostReason {
+    /// The lock's status no longer lists the claim as an unrevoked holder.
+    Revoked,
+    /// The claim Lease is gone (deleted by someone else).
+    ClaimGone,
+    /// Renewals failed for so long that the controller might expire the claim.
+    RenewalsFailed,
+}
+
+/// One claim, renewed by a background task until it ends or is lost.
+#[derive(Debug)]
+pub(crate) struct Session {
+    /// The claim Lease's name.
+    pub claim: String,
+    /// The lease duration the claim lives by.
+    pub lease: Duration,
+    leases: Api<Lease>,
+    state: watch::Sender<State>,
+}
+
+// === impl Session ===
+
+impl Session {
+    /// Create the claim for `lock` and start renewing it; the handle is the renewal task.
+    pub async fn create(
+        leases: Api<Lease>,
+        lock: &str,
+        identity: &PodIdentity,
+        lease_secs: i32,
+    ) -> Result<(Arc<Session>, JoinHandle<()>), Error> {
+        let name = claim::claim_name(lock);
+        let lease = Duration::from_secs(lease_secs.max(1) as u64);
+        let obj = claim::claim_lease(&name, lock, identity, lease_secs);
+        leases
+            .create(&PostParams::default(), &obj)
+            .await
+            .map_err(Error::CreateClaim)?;
+        let (state, _) = watch::channel(State::Live);
+        let session = Arc::new(Session {
+            claim: name,
+            lease,
+            leases,
+            state,
+        });
+        let task = tokio::spawn(renew(session.clone()));
+        Ok((session, task))
+    }
+
+    /// The session's state, to read or to wait on.
+    pub fn state(&self) -> watch::Receiver<State> {
+        self.state.subscribe()
+    }
+
+    /// Whether the claim still stands.
+    pub fn is_live(&self) -> bool {
+        *self.state.borrow() == State::Live
+    }
+
+    /// Completes once the session is lost.
+    pub async fn lost(&self) {
+        let mut rx = self.state.subscribe();
+        let _ = rx.wait_for(|s| matches!(s, State::Lost(_))).await;
+    }
+
+    /// Publish that the claim is lost (no effect once the session is over).
+    pub fn lose(&self, reason: LostReason) {
+        self.state.send_if_modified(|s| {
+            let live = *s == State::Live;
+            if live {
+                *s = State::Lost(reason);
+            }
+            live
+        });
+    }
+
+    /// Stop renewing at once (no write): the session is over.
+    pub fn finish(&self) {
+        self.state.send_if_modified(|s| {
+            let live = *s == State::Live;
+            if live {
+                *s = State::Ended;
+            }
+            live
+        });
+    }
+
+    /// Stop renewing and mark the claim released (one write).
+    pub async fn end(&self) -> Result<(), Error> {
+        self.finish();
+        mark_released(&self.leases, &self.claim).await
+    }
+}
+
+/// Mark a claim released; a claim that is already gone counts as released.
+async fn mark_released(leases: &Api<Lease>, name: &str) -> Result<(), Error> {
+    let patch = Patch::Merge(claim::release_patch());
+    match leases.patch(name, &PatchParams::default(), &patch).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(Error::Release(e)),
+    }
+}
+
+/// Renew every [`renew_interval`] while the session is live; publish `Lost` when the
+/// claim is gone or when renewals have failed until the safety deadline.
+async fn renew(session: Arc<Session>) {
+    let (name, lease) = (session.claim.as_str(), session.lease);
+    let mut state = session.state();
+    // The claim was created (a successful write) just before this task started.
+    let mut deadline = client_stop_by(Instant::now(), lease);
+    let mut next = Instant::now() + renew_interval(lease);
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        tokio::select! {
+            _ = state.wait_for(|s| *s != State::Live) => return,
+            _ = tokio::time::sleep_until(deadline) => {
+                tracing::warn!(claim = name, "renewals failed for too long: giving up the grant");
+                session.lose(LostReason::RenewalsFailed);
+                return;
+            }
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        let sent = Instant::now();
+        let patch = Patch::Merge(claim::renew_patch());
+        let params = PatchParams::default();
+        let request = session.leases.patch(name, &params, &patch);
+        match tokio::time::timeout(renew_timeout(lease), request).await {
+            Ok(Ok(_)) => {
+                deadline = client_stop_by(sent, lease);
+                next = sent + renew_interval(lease);
+                backoff = Duration::from_millis(100);
+            }
+            Ok(Err(kube::Error::Api(s))) if s.is_not_found() => {
+                tracing::warn!(claim = name, "claim is gone (forced release): giving up the grant");
+                session.lose(LostReason::ClaimGone);
+                return;
+            }
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".to_string(),
+                };
+                tracing::warn!(claim = name, error, "renewal failed; retrying");
+                next = Instant::now() + backoff;
+                backoff = (backoff * 2).min(renew_interval(lease));
+            }
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Apply, after a successful status write: metrics, claim stamping and deletion, and
+//! Kubernetes events (Warning events on bad claims too).
+//!
+//! Everything here follows the write and is best effort: the status is the truth, and
+//! a failed event or stamp changes no one's grant.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+
+use super::context::Context;
+use super::observe::Plan;
+use crate::api::DistributedLock;
+use crate::decide::ActionKind;
+
+/// After a successful write: metrics, events, claim deletion and stamping.
+pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
+    let d = &plan.decision;
+    let (ns, name) = (lock.namespace().unwrap_or_default(), lock.name_any());
+    let m = &ctx.metrics;
+    m.set_queue_depth(&ns, &name, d.status.queue.len());
+    let granted_any = d.actions.iter().any(|a| matches!(a.kind, ActionKind::Granted(_)));
+    let now = Timestamp::now();
+    let old = lock.status.clone().unwrap_or_default();
+    for a in &d.actions {
+        let secs_since = |t: &Time| (now.as_millisecond() - t.0.as_millisecond()).max(0) as f64 / 1000.0;
+        match a.kind {
+            ActionKind::Granted(token) => {
+                let waited = old.queue.iter().find(|w| w.claim == a.claim);
+                m.record_grant(&ns, &name, waited.map(|w| secs_since(&w.requested_at)));
+                tracing::info!(claim = a.claim, pod = a.pod, token, "granted");
+            }
+            ActionKind::Released(_) | ActionKind::Revoked(..) => {
+                let held = old.holders.iter().find(|h| h.claim == a.claim);
+                let reason = match a.kind {
+                    ActionKind::Revoked(_, reason) => Some(reason),
+                    _ => None,
+                };
+                m.record_slot_end(held.map(|h| secs_since(&h.granted_at)), reason);
+                if granted_any && let Some((_, seen)) = plan.released_seen.iter().find(|(c, _)| c == &a.claim) {
+                    m.handoff_seconds.observe(seen.elapsed().as_secs_f64());
+                }
+                tracing::info!(claim = a.claim, pod = a.pod, kind = ?a.kind, "slot freed or revoked");
+            }
+            _ => tracing::debug!(claim = a.claim, pod = a.pod, kind = ?a.kind, "queue changed"),
+        }
+    }
+    let ctx = ctx.clone();
+    let lock = lock.clone();
+    let actions = d.actions.clone();
+    let delete = d.delete_claims.clone();
+    let ns = lock.namespace().unwrap_or_default();
+    tokio::spawn(async move {
+        let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
+        for a in &actions {
+            if let ActionKind::Granted(token) = a.kind {
+                stamp(&leases, &a.claim, token).await;
+            }
+        }
+        for claim in &delete {
+            if let Err(e) = leases.delete(claim, &DeleteParams::default()).await
+                && !matches!(&e, kube::Error::Api(s) if s.is_not_found())
+            {
+                tracing::warn!(claim, error = %e, "deleting a finished claim failed; will retry");
+            }
+        }
+        let reference = lock.object_ref(&());
+        for a in &actions {
+            if let Some(ev) = event_for(a, &ns)
+                && let Err(e) = ctx.recorder.publish(&ev, &reference).await
+            {
+                tracing::warn!(error = %e, "publishing an event failed");
+            }
+        }
+    });
+}
+
+/// Stamp a granted claim so tools reading Leases see the holder and its token.
+async fn stamp(leases: &Api<Lease>, claim: &str, token: i64) {
+    let patch = crate::protocol::claim::stamp_patch(token);
+    if let Err(e) = leases
+        .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        tracing::debug!(claim, error = %e, "stamping a granted claim failed (informational only)");
+    }
+}
+
+fn claim_ref(ns: &str, claim: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("coordination.k8s.io/v1".into()),
+        kind: Some("Lease".into()),
+        name: Some(claim.into()),
+        namespace: Some(ns.into()),
+        ..Default::default()
+    }
+}
+
+/// The Kubernetes event for an action (none for queue joins).
+fn event_for(a: &crate::decide::Action, ns: &str) -> Option<Event> {
+    let (type_, reason, note) = match a.kind {
+        ActionKind::Granted(t) => (
+            EventType::Normal,
+            "Granted",
+            format!("granted to pod {} (claim {}), fencing token {t}", a.pod, a.claim),
+        ),
+        ActionKind::Released(t) => (
+            EventType::Normal,
+            "Released",
+            format!("released by pod {} (claim {}), fencing token {t}", a.pod, a.claim),
+        ),
+        ActionKind::Revoked(t, r) => (
+            EventType::Warning,
+            "Revoked",
+            format!(
+                "{}: revoked from pod {} (claim {}), fencing token {t}",
+                r.as_str(),
+                a.pod,
+                a.claim
+            ),
+        ),
+        ActionKind::SlotFreed(t) => (
+            EventType::Normal,
+            "SlotFreed",
+            format!("held-back slot of pod {} (fencing token {t}) passed on", a.pod),
+        ),
+        ActionKind::Dropped(r) => (
+            EventType::Normal,
+            "Dropped",
+            format!("waiter pod {} (claim {}) left the queue: {r:?}", a.pod, a.claim),
+        ),
+        ActionKind::Enqueued(_) => return None,
+    };
+    Some(Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: reason.into(),
+        secondary: Some(claim_ref(ns, &a.claim)),
+    })
+}
+
+/// Publish Warning events on claims (each once per claim and reason).
+pub fn publish_warnings(ctx: &Arc<Context>, warnings: &[(Arc<Lease>, &'static str, String)]) {
+    for (lease, reason, note) in warnings {
+        tracing::warn!(claim = lease.name_any(), reason, note, "bad claim");
+        let ctx = ctx.clone();
+        let reference = lease.object_ref(&());
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: (*reason).into(),
+            note: Some(note.clone()),
+            action: "Validate".into(),
+            secondary: None,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
+                tracing::warn!(error = %e, "publishing a warning event failed");
+            }
+        });
+    }
+}

@@ -1,0 +1,30 @@
+//! What every stage of a reconcile shares: the client, the caches, the tracker, the
+//! event recorder and the metrics.
+
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
+
+use super::metrics::Metrics;
+use super::tracker::Tracker;
+
+/// Shared state of the reconciler.
+pub struct Context {
+    /// The API client.
+    pub client: kube::Client,
+    /// Claim Leases (those labelled `leasehold.dev/lock`).
+    pub leases: Store<Lease>,
+    /// Pods, slimmed to name, uid and phase.
+    pub pods: Store<Pod>,
+    /// What this controller has seen, on its monotonic clock.
+    pub tracker: Arc<Mutex<Tracker>>,
+    /// Publishes Kubernetes events.
+    pub recorder: Recorder,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// Becomes true once the lock, claim and pod caches have synced.
+    pub synced: tokio::sync::watch::Receiver<bool>,
+}

@@ -1,0 +1,163 @@
+//! The watches that feed the reconciler: locks, claim Leases (which also feed the
+//! [`Tracker`]'s clock) and slim Pods, each mapped to the locks it concerns.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+
+use super::context::Context;
+use super::tracker::Tracker;
+use super::{Metrics, Options, apply, observe, reconcile};
+use crate::api::DistributedLock;
+use crate::protocol;
+
+/// Watch and reconcile (runs forever).
+pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metrics>) {
+    let tracker = Arc::new(Mutex::new(Tracker::default()));
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "leasehold-controller".into(),
+            instance: Some(opts.identity.clone()),
+        },
+    );
+    let (lease_store, lease_writer) = reflector::store::<Lease>();
+    let (pod_store, pod_writer) = reflector::store::<Pod>();
+    let controller = Controller::new(opts.api::<DistributedLock>(&client), watcher::Config::default());
+    let lock_store = controller.store();
+
+    let t = tracker.clone();
+    let leases = watcher(
+        opts.api::<Lease>(&client),
+        watcher::Config::default().labels(protocol::LOCK_LABEL),
+    )
+    .default_backoff()
+    .reflect(lease_writer)
+    .inspect_ok(move |ev| {
+        let mut t = t.lock().expect("tracker lock poisoned");
+        match ev {
+            watcher::Event::Apply(l) | watcher::Event::InitApply(l) => t.observe(l, Instant::now()),
+            watcher::Event::Delete(l) => t.forget(l),
+            watcher::Event::Init => t.relist_started(),
+            watcher::Event::InitDone => t.relist_done(),
+        }
+    })
+    .touched_objects();
+    let pods = watcher(opts.api::<Pod>(&client), watcher::Config::default())
+        .default_backoff()
+        .modify(observe::slim_pod)
+        .reflect(pod_writer)
+        .touched_objects();
+
+    let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        leases: lease_store.clone(),
+        pods: pod_store.clone(),
+        tracker,
+        recorder,
+        metrics: metrics.clone(),
+        synced: synced_rx,
+    });
+    let (ls, lc, ctx2, ctx3) = (lock_store.clone(), lease_store.clone(), ctx.clone(), ctx.clone());
+    let pod_locks = move |pod: Pod| locks_of_pod(&pod, &ls, &lc);
+    let ready = {
+        let (l, p, m, k) = (
+            lease_store.clone(),
+            pod_store.clone(),
+            metrics.clone(),
+            lock_store.clone(),
+        );
+        async move {
+            store_ready(&k).await;
+            store_ready(&l).await;
+            store_ready(&p).await;
+            let _ = synced_tx.send(true);
+            // Claims seen before the caches synced were not checked: check them now.
+            for lease in l.state() {
+                lock_of_claim(&lease, &k, &ctx3);
+            }
+            m.ready.store(true, Ordering::Relaxed);
+            tracing::info!("caches synced");
+            synced_tx.closed().await; // keep the sender while the controller runs
+        }
+    };
+    tokio::spawn(ready);
+    let lease_lock = move |lease: Lease| lock_of_claim(&lease, &lock_store, &ctx2);
+    controller
+        .watches_stream(leases, lease_lock)
+        .watches_stream(pods, pod_locks)
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+/// Wait until a store has synced. kube-runtime's `Store::wait_until_ready` wakes only
+/// the last task that polled it, so poll it with short timeouts rather than trusting a
+/// wake-up; everything else waits on the `synced` watch channel instead.
+async fn store_ready<K: kube::Resource + Clone + 'static>(store: &Store<K>)
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    while tokio::time::timeout(Duration::from_millis(100), store.wait_until_ready())
+        .await
+        .is_err()
+    {}
+}
+
+/// The lock a claim asks for; warns (once) when no such lock exists yet.
+fn lock_of_claim(
+    lease: &Lease,
+    locks: &Store<DistributedLock>,
+    ctx: &Arc<Context>,
+) -> Option<ObjectRef<DistributedLock>> {
+    let ns = lease.namespace()?;
+    let lock = ObjectRef::new(protocol::claim::claim_lock(lease)?).within(&ns);
+    if *ctx.synced.borrow() && locks.get(&lock).is_none() {
+        let uid = lease.uid().unwrap_or_default();
+        let first = ctx
+            .tracker
+            .lock()
+            .expect("tracker lock poisoned")
+            .first_warning(&uid, "LockNotFound");
+        if first {
+            let note = format!(
+                "no DistributedLock {} in namespace {ns}; the claim waits until it is created",
+                lock.name
+            );
+            apply::publish_warnings(ctx, &[(Arc::new(lease.clone()), "LockNotFound", note)]);
+        }
+    }
+    Some(lock)
+}
+
+/// The locks whose claims or status mention a pod.
+fn locks_of_pod(pod: &Pod, locks: &Store<DistributedLock>, leases: &Store<Lease>) -> Vec<ObjectRef<DistributedLock>> {
+    let (Some(ns), name) = (pod.namespace(), pod.name_any()) else {
+        return Vec::new();
+    };
+    let mut out: Vec<ObjectRef<DistributedLock>> = leases
+        .state()
+        .iter()
+        .filter(|l| l.namespace().as_deref() == Some(&ns))
+        .filter(|l| l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(&name))
+        .filter_map(|l| protocol::claim::claim_lock(l).map(|lock| ObjectRef::new(lock).within(&ns)))
+        .collect();
+    for lock in locks.state().iter().filter(|l| l.namespace().as_deref() == Some(&ns)) {
+        let Some(st) = lock.status.as_ref() else { continue };
+        if st.holders.iter().any(|h| h.pod == name) || st.queue.iter().any(|w| w.pod == name) {
+            out.push(ObjectRef::from_obj(lock.as_ref()));
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out.dedup();
+    out
+}

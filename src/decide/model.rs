@@ -1,0 +1,139 @@
+//! What the decide core reads (the observed world) and what it returns (a decision).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{DistributedLockSpec, DistributedLockStatus, RevokeReason};
+
+/// The order in which claims arrived: creation time first, then the order in which
+/// the observer first saw them (watch events arrive in the store's write order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Arrival {
+    /// The claim's `metadata.creationTimestamp`, in seconds.
+    pub created_secs: i64,
+    /// A counter the observer increments each time it first sees a claim.
+    pub seen_seq: u64,
+}
+
+/// One observed claim Lease of this lock, already validated by the caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimView {
+    /// The claim Lease's name: the identity of one process's request.
+    pub name: String,
+    /// The pod the claim says it comes from.
+    pub pod: String,
+    /// That pod's UID, as the claim states it.
+    pub pod_uid: String,
+    /// Its arrival key, for FIFO order among new claims.
+    pub arrival: Arrival,
+    /// The process marked the claim released (or withdrew it while waiting).
+    pub released: bool,
+    /// The caller judged the claim expired: not renewed for long enough.
+    pub expired: bool,
+}
+
+/// What is known of one pod, by name. A pod absent from the map is gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodView {
+    /// The pod's current UID.
+    pub uid: String,
+    /// Its phase is Succeeded or Failed: its containers have stopped.
+    pub finished: bool,
+}
+
+/// Everything `decide` looks at.
+#[derive(Clone, Copy, Debug)]
+pub struct World<'a> {
+    /// The lock's spec.
+    pub spec: &'a DistributedLockSpec,
+    /// The lock's current status (the durable holders, queue and token).
+    pub status: &'a DistributedLockStatus,
+    /// All claims observed for this lock.
+    pub claims: &'a [ClaimView],
+    /// What is known of the pods the claims name, by pod name.
+    pub pods: &'a BTreeMap<String, PodView>,
+    /// Revoked holders (by claim) whose hold-back delay elapsed on the caller's clock.
+    pub hold_back_elapsed: &'a BTreeSet<String>,
+    /// The wall-clock time to write into timestamps (informational only).
+    pub now: Timestamp,
+}
+
+/// Why a waiter left the queue without being granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// Its process withdrew the claim (marked it released while waiting).
+    Withdrawn,
+    /// Its claim was deleted.
+    ClaimGone,
+    /// Its claim was not renewed in time.
+    Expired,
+    /// Its pod is gone.
+    PodGone,
+    /// Its pod was replaced by one with another UID.
+    PodReplaced,
+    /// Its pod finished.
+    PodFinished,
+}
+
+/// Why a claim was left out of the queue (the caller reports it as a Warning).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IgnoreReason {
+    /// No pod of the claimed name is known.
+    PodNotFound,
+    /// The pod of that name has another UID than the claim states.
+    PodUidMismatch,
+    /// The pod has already finished.
+    PodFinished,
+}
+
+/// Something that happened to one claim of the lock, for events and metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Action {
+    /// The claim it happened to.
+    pub claim: String,
+    /// The claim's pod.
+    pub pod: String,
+    /// What happened.
+    pub kind: ActionKind,
+}
+
+/// What happened to a claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActionKind {
+    /// The claim was granted the lock with this fencing token.
+    Granted(i64),
+    /// The holder with this token released the lock; its slot is free.
+    Released(i64),
+    /// The grant with this token was revoked. For `ForceReleased` the slot is held back.
+    Revoked(i64, RevokeReason),
+    /// The held-back slot of the revoked grant with this token passed on.
+    SlotFreed(i64),
+    /// A new claim joined the queue at this 1-based position.
+    Enqueued(usize),
+    /// A waiter left the queue.
+    Dropped(DropReason),
+}
+
+impl Action {
+    pub(super) fn new(claim: &str, pod: &str, kind: ActionKind) -> Self {
+        Action {
+            claim: claim.to_string(),
+            pod: pod.to_string(),
+            kind,
+        }
+    }
+}
+
+/// The outcome of one decision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// The next status (conditions and observedGeneration are copied unchanged).
+    pub status: DistributedLockStatus,
+    /// What happened, in order.
+    pub actions: Vec<Action>,
+    /// Claims to delete once the status is written: released, expired or stale ones.
+    pub delete_claims: Vec<String>,
+    /// Claims left out of the queue, and why.
+    pub ignored: Vec<(String, IgnoreReason)>,
+}

@@ -1,0 +1,200 @@
+//! The claim Lease: how a client writes it, and how the controller reads and judges it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::{FENCING_TOKEN_ANNOTATION, LOCK_LABEL, POD_UID_ANNOTATION, RELEASED_ANNOTATION};
+
+/// The identity of the process making a claim: its pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodIdentity {
+    /// The pod's name (`POD_NAME` from the downward API).
+    pub name: String,
+    /// The pod's namespace (`POD_NAMESPACE`).
+    pub namespace: String,
+    /// The pod's UID (`POD_UID`).
+    pub uid: String,
+}
+
+// === writing ===
+
+/// A fresh, unique claim name for a lock: `<lock>-<random>`, within 63 characters.
+pub fn claim_name(lock: &str) -> String {
+    let suffix = format!("{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
+    let head: String = lock.chars().take(63 - 1 - suffix.len()).collect();
+    format!("{}-{suffix}", head.trim_end_matches(['-', '.']))
+}
+
+/// The claim Lease a process creates to ask for `lock`.
+pub fn claim_lease(name: &str, lock: &str, pod: &PodIdentity, lease_duration_seconds: i32) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(pod.namespace.clone()),
+            labels: Some(BTreeMap::from([(LOCK_LABEL.into(), lock.into())])),
+            annotations: Some(BTreeMap::from([(POD_UID_ANNOTATION.into(), pod.uid.clone())])),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                name: pod.name.clone(),
+                uid: pod.uid.clone(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(pod.name.clone()),
+            lease_duration_seconds: Some(lease_duration_seconds),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The merge patch that renews a claim.
+pub fn renew_patch() -> serde_json::Value {
+    serde_json::json!({ "spec": { "renewTime": MicroTime(Timestamp::now()) } })
+}
+
+/// The merge patch that releases a claim (or withdraws it while waiting).
+pub fn release_patch() -> serde_json::Value {
+    serde_json::json!({ "metadata": { "annotations": { RELEASED_ANNOTATION: "true" } } })
+}
+
+/// The merge patch the controller stamps on a granted claim, so tools reading Leases
+/// see the holder and its token (informational: the lock's status is the truth).
+pub fn stamp_patch(token: i64) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": { "annotations": { FENCING_TOKEN_ANNOTATION: token.to_string() } },
+        "spec": { "acquireTime": MicroTime(Timestamp::now()) },
+    })
+}
+
+// === reading ===
+
+/// Why a claim Lease is malformed, for a Warning event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadClaim {
+    /// No `spec.holderIdentity` naming the pod.
+    NoHolder,
+    /// No `leasehold.dev/pod-uid` annotation.
+    NoPodUid,
+    /// No ownerReference to its Pod with that name and UID.
+    NoPodOwner,
+}
+
+impl BadClaim {
+    /// A human explanation.
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::NoHolder => "claim has no spec.holderIdentity naming its pod",
+            Self::NoPodUid => "claim has no leasehold.dev/pod-uid annotation",
+            Self::NoPodOwner => "claim has no ownerReference to its Pod (kind Pod, matching name and uid)",
+        }
+    }
+}
+
+/// Check a claim's shape; return its (pod, pod UID).
+pub fn validate_claim(lease: &Lease) -> Result<(String, String), BadClaim> {
+    let pod = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.clone())
+        .filter(|p| !p.is_empty());
+    let pod = pod.ok_or(BadClaim::NoHolder)?;
+    let uid = lease
+        .annotations()
+        .get(POD_UID_ANNOTATION)
+        .cloned()
+        .filter(|u| !u.is_empty());
+    let uid = uid.ok_or(BadClaim::NoPodUid)?;
+    let owned = lease
+        .owner_references()
+        .iter()
+        .any(|o| o.kind == "Pod" && o.name == pod && o.uid == uid);
+    if !owned {
+        return Err(BadClaim::NoPodOwner);
+    }
+    Ok((pod, uid))
+}
+
+/// The lock a claim asks for, by its label.
+pub fn claim_lock(lease: &Lease) -> Option<&str> {
+    lease
+        .labels()
+        .get(LOCK_LABEL)
+        .map(String::as_str)
+        .filter(|l| !l.is_empty())
+}
+
+/// Whether the claim carries the release mark.
+pub fn is_released(lease: &Lease) -> bool {
+    lease
+        .annotations()
+        .get(RELEASED_ANNOTATION)
+        .is_some_and(|v| v == "true")
+}
+
+/// The lease the claim says its process lives by (zero when absent or negative).
+pub fn claim_lease_duration(lease: &Lease) -> Duration {
+    let secs = lease.spec.as_ref().and_then(|s| s.lease_duration_seconds).unwrap_or(0);
+    Duration::from_secs(secs.max(0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod() -> PodIdentity {
+        PodIdentity {
+            name: "p".into(),
+            namespace: "ns".into(),
+            uid: "u-1".into(),
+        }
+    }
+
+    #[test]
+    fn a_written_claim_reads_back_valid_and_unreleased() {
+        let lease = claim_lease("l-1", "l", &pod(), 15);
+        assert_eq!(validate_claim(&lease), Ok(("p".into(), "u-1".into())));
+        assert_eq!(claim_lock(&lease), Some("l"));
+        assert!(!is_released(&lease));
+        assert_eq!(claim_lease_duration(&lease), Duration::from_secs(15));
+    }
+
+    #[test]
+    fn malformed_claims_name_what_is_missing() {
+        let mut lease = claim_lease("l-1", "l", &pod(), 15);
+        lease.metadata.owner_references = None;
+        assert_eq!(validate_claim(&lease), Err(BadClaim::NoPodOwner));
+        lease.metadata.annotations = None;
+        assert_eq!(validate_claim(&lease), Err(BadClaim::NoPodUid));
+        lease.spec.as_mut().unwrap().holder_identity = None;
+        assert_eq!(validate_claim(&lease), Err(BadClaim::NoHolder));
+    }
+
+    #[test]
+    fn the_release_patch_sets_the_mark_the_reader_checks() {
+        let mut lease = claim_lease("l-1", "l", &pod(), 15);
+        let patch = release_patch();
+        let value = patch["metadata"]["annotations"][RELEASED_ANNOTATION].as_str().unwrap();
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(RELEASED_ANNOTATION.into(), value.into());
+        assert!(is_released(&lease));
+    }
+
+    #[test]
+    fn claim_names_fit_in_63_characters() {
+        let name = claim_name(&"x".repeat(253));
+        assert!(name.len() <= 63, "{name}");
+        assert!(claim_name("a").starts_with("a-"));
+    }
+}

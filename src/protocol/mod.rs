@@ -1,0 +1,98 @@
+//! The claim protocol, owned in one place: what a claim looks like (written by the
+//! client, read and judged by the controller), the patches both sides send, when a
+//! lock's status grants a claim, and the timing rules that make the fenced handoff safe.
+//!
+//! Client ([`crate::client`]) and controller ([`crate::controller`]) depend on this
+//! module and never on each other's constants.
+//!
+//! ## A claim
+//!
+//! A process asks for a lock by creating a `coordination.k8s.io/v1` Lease in the
+//! lock's namespace ([`claim::claim_lease`]): a unique name, label [`LOCK_LABEL`] =
+//! the lock's name, `spec.holderIdentity` = its pod's name, `spec.leaseDurationSeconds`
+//! = the lease it lives by, annotation [`POD_UID_ANNOTATION`] and an ownerReference to
+//! its Pod (so garbage collection removes a deleted pod's claims). It renews
+//! `spec.renewTime` every [`timing::renew_interval`] and releases (or withdraws while
+//! waiting) by setting annotation [`RELEASED_ANNOTATION`] to `"true"`. The controller
+//! validates a claim with [`claim::validate_claim`], grants it by listing it as an
+//! unrevoked holder in the lock's status ([`granted_token`]) and stamps the granted
+//! claim with [`FENCING_TOKEN_ANNOTATION`] (informational).
+//!
+//! ## The timing contract
+//!
+//! Let `L` be the lease the client lives by, `margin = safety_margin(L)`, and `sent`
+//! the moment (client's monotonic clock) the last successful write of the claim was
+//! *sent*. Let `seen` be the moment (controller's monotonic clock) the controller saw
+//! that write, and `L_c = max(L_spec, L_claim)` the lease the controller judges by.
+//!
+//! * The client stops its work (`lost()`) by `sent + L − margin`
+//!   ([`timing::client_stop_by`]); `leasehold run` then gives CMD `margin` between
+//!   SIGTERM and SIGKILL, so CMD is dead by `sent + L`.
+//! * The controller frees the slot of an unrenewed claim no earlier than
+//!   `seen + L_c + EXPIRY_GRACE` ([`timing::controller_expiry`]).
+//!
+//! Since `seen ≥ sent` (a write is seen after it is sent), `L ≤ L_c` (the client's
+//! lease is written on its claim) and `EXPIRY_GRACE > 0`:
+//! `sent + L − margin + margin < seen + L_c + EXPIRY_GRACE`. The grace covers clock
+//! *rate* differences between the two machines over one lease; no wall clocks are
+//! compared. `timing`'s tests state this inequality with the real functions.
+
+pub mod claim;
+pub mod timing;
+
+use crate::api::DistributedLockStatus;
+
+pub use claim::{BadClaim, PodIdentity};
+
+/// Label on a claim Lease naming the DistributedLock it asks for.
+pub const LOCK_LABEL: &str = "leasehold.dev/lock";
+/// Annotation on a claim Lease carrying the UID of the pod that made it.
+pub const POD_UID_ANNOTATION: &str = "leasehold.dev/pod-uid";
+/// Annotation a client sets to `"true"` on its claim to release the lock (or withdraw).
+pub const RELEASED_ANNOTATION: &str = "leasehold.dev/released";
+/// Annotation the controller stamps on a granted claim: the grant's fencing token.
+pub const FENCING_TOKEN_ANNOTATION: &str = "leasehold.dev/fencing-token";
+
+/// The fencing token with which `status` grants `claim`: `Some` only while the claim
+/// is listed as a holder whose grant has not been revoked.
+pub fn granted_token(status: &DistributedLockStatus, claim: &str) -> Option<i64> {
+    status
+        .holders
+        .iter()
+        .find(|h| h.claim == claim && h.revoked.is_none())
+        .map(|h| h.fencing_token)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::api::{Holder, Revocation, RevokeReason};
+
+    fn holder(claim: &str, token: i64, revoked: bool) -> Holder {
+        Holder {
+            claim: claim.into(),
+            pod: "p".into(),
+            pod_uid: "u".into(),
+            fencing_token: token,
+            granted_at: Time(Timestamp::UNIX_EPOCH),
+            revoked: revoked.then_some(Revocation {
+                reason: RevokeReason::ForceReleased,
+                at: Time(Timestamp::UNIX_EPOCH),
+            }),
+        }
+    }
+
+    #[test]
+    fn only_an_unrevoked_holder_entry_grants() {
+        let status = DistributedLockStatus {
+            holders: vec![holder("a", 3, true), holder("b", 4, false)],
+            ..Default::default()
+        };
+        assert_eq!(granted_token(&status, "a"), None, "a revoked holder holds nothing");
+        assert_eq!(granted_token(&status, "b"), Some(4));
+        assert_eq!(granted_token(&status, "c"), None);
+    }
+}
