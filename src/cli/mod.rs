@@ -55,6 +55,9 @@ pub enum Command {
         /// The signal the command gets when the parent dies.
         #[arg(long, default_value = "SIGKILL")]
         signal: nix::sys::signal::Signal,
+        /// Supervise the command's whole process tree instead of becoming the command.
+        #[arg(long)]
+        supervise: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<OsString>,
@@ -74,7 +77,18 @@ impl Cli {
 /// Whether the command must run before a tokio runtime exists (it `exec`s).
 pub fn run_sync(cli: &Cli) -> Option<ExitCode> {
     match &cli.command {
-        Command::Guard { signal, command } => {
+        Command::Guard {
+            supervise: true,
+            command,
+            ..
+        } => Some(match crate::supervise::supervise(command) {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                eprintln!("leasehold guard: {e}");
+                ExitCode::from(127)
+            }
+        }),
+        Command::Guard { signal, command, .. } => {
             let err = crate::supervise::exec_guarded(*signal, command);
             eprintln!("leasehold guard: {err}");
             Some(ExitCode::from(127))

@@ -4,7 +4,9 @@
 //! SIGTERM/SIGINT are forwarded to it; when it exits the lock is released and its exit
 //! status becomes ours. If the grant is lost, CMD gets SIGTERM and, after the safety
 //! margin, SIGKILL — so it is dead before the lease could run out. CMD runs under
-//! `leasehold guard` ([`crate::supervise`]), so it dies with us even if we are killed by SIGKILL.
+//! `leasehold guard --supervise` ([`crate::supervise`]) in a process group of its own:
+//! signals reach its whole group, and its whole process tree dies when it exits, when
+//! the grant is lost, and with us even if we are killed by SIGKILL.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -17,6 +19,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::client::{Error as ClientError, Lock};
 use crate::protocol::timing::safety_margin;
+use crate::supervise::{KILL_TIMEOUT, KILL_TREE_SIGNAL};
 
 /// Exit status when `--timeout` passed before the lock was granted (EX_TEMPFAIL).
 pub const EXIT_TIMEOUT: u8 = 75;
@@ -76,7 +79,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let token = guard.fencing_token();
     eprintln!("leasehold: holding lock {} with fencing token {token}", args.lock);
     let (program, rest) = args.command.split_first().expect("clap requires a command");
-    let mut cmd = crate::supervise::guarded_command(&crate::supervise::self_exe()?, Signal::SIGKILL, program.clone());
+    let mut cmd = crate::supervise::supervised_command(&crate::supervise::self_exe()?, program.clone());
     cmd.args(rest)
         .env("LEASEHOLD_LOCK", &args.lock)
         .env("LEASEHOLD_NAMESPACE", &namespace)
@@ -98,9 +101,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 eprintln!("leasehold: lost lock {}: stopping the command (SIGKILL in {grace:?})", args.lock);
                 let _ = kill(pid, Signal::SIGTERM);
                 if tokio::time::timeout(grace, child.wait()).await.is_err() {
-                    let _ = child.kill().await;
+                    // The supervisor kills CMD's whole tree, then exits.
+                    let _ = kill(pid, KILL_TREE_SIGNAL);
+                    if tokio::time::timeout(KILL_TIMEOUT, child.wait()).await.is_err() {
+                        let _ = child.kill().await;
+                    }
                 }
-                let _ = guard.release().await;
+                if let Err(e) = guard.release().await {
+                    eprintln!("leasehold: {e}");
+                }
                 return Ok(ExitCode::from(EXIT_LOST));
             }
         }
@@ -111,10 +120,5 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 /// CMD's exit status as ours: its code, or 128 + the signal that ended it.
 fn exit_code(status: std::process::ExitStatus) -> ExitCode {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(c), _) => ExitCode::from(c as u8),
-        (None, Some(s)) => ExitCode::from(128 + s as u8),
-        _ => ExitCode::FAILURE,
-    }
+    ExitCode::from(crate::supervise::exit_status(status))
 }

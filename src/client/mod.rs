@@ -72,6 +72,9 @@ pub enum Error {
     /// Marking the claim released failed.
     #[error("releasing the claim Lease: {0}")]
     Release(#[source] kube::Error),
+    /// Marking the claim released took too long (the claim will expire instead).
+    #[error("releasing the claim Lease: no answer within {0:?}; the claim will expire")]
+    ReleaseTimeout(Duration),
     /// The lock was not granted in time (the claim was withdrawn).
     #[error("the lock was not granted within {0:?}")]
     Timeout(Duration),

@@ -65,6 +65,8 @@ impl Session {
         let name = claim::claim_name(lock);
         let lease = Duration::from_secs(lease_secs.max(1) as u64);
         let obj = claim::claim_lease(&name, lock, identity, lease_secs);
+        // The first deadline counts from when the create was sent, like every renewal's.
+        let sent = Instant::now();
         leases
             .create(&PostParams::default(), &obj)
             .await
@@ -76,7 +78,7 @@ impl Session {
             leases,
             state,
         });
-        let task = tokio::spawn(renew(session.clone()));
+        let task = tokio::spawn(renew(session.clone(), sent));
         Ok((session, task))
     }
 
@@ -118,10 +120,14 @@ impl Session {
         });
     }
 
-    /// Stop renewing and mark the claim released (one write).
+    /// Stop renewing and mark the claim released (one write, bounded by the renewal
+    /// timeout: when it cannot be written, the claim expires instead).
     pub async fn end(&self) -> Result<(), Error> {
         self.finish();
-        mark_released(&self.leases, &self.claim).await
+        let limit = renew_timeout(self.lease);
+        tokio::time::timeout(limit, mark_released(&self.leases, &self.claim))
+            .await
+            .map_err(|_| Error::ReleaseTimeout(limit))?
     }
 }
 
@@ -136,29 +142,31 @@ async fn mark_released(leases: &Api<Lease>, name: &str) -> Result<(), Error> {
 }
 
 /// Renew every [`renew_interval`] while the session is live; publish `Lost` when the
-/// claim is gone or when renewals have failed until the safety deadline.
-async fn renew(session: Arc<Session>) {
+/// claim is gone or when renewals have failed until the safety deadline. The deadline
+/// fires on time whatever request is in flight: a black-holed connection, where a
+/// request hangs until its timeout, must not delay it.
+async fn renew(session: Arc<Session>, created_sent: Instant) {
     let (name, lease) = (session.claim.as_str(), session.lease);
     let mut state = session.state();
-    // The claim was created (a successful write) just before this task started.
-    let mut deadline = client_stop_by(Instant::now(), lease);
-    let mut next = Instant::now() + renew_interval(lease);
+    let mut deadline = client_stop_by(created_sent, lease);
+    let mut next = created_sent + renew_interval(lease);
     let mut backoff = Duration::from_millis(100);
     loop {
         tokio::select! {
             _ = state.wait_for(|s| *s != State::Live) => return,
-            _ = tokio::time::sleep_until(deadline) => {
-                tracing::warn!(claim = name, "renewals failed for too long: giving up the grant");
-                session.lose(LostReason::RenewalsFailed);
-                return;
-            }
+            _ = tokio::time::sleep_until(deadline) => return give_up(&session),
             _ = tokio::time::sleep_until(next) => {}
         }
         let sent = Instant::now();
         let patch = Patch::Merge(claim::renew_patch());
         let params = PatchParams::default();
-        let request = session.leases.patch(name, &params, &patch);
-        match tokio::time::timeout(renew_timeout(lease), request).await {
+        let request = tokio::time::timeout(renew_timeout(lease), session.leases.patch(name, &params, &patch));
+        let outcome = tokio::select! {
+            _ = state.wait_for(|s| *s != State::Live) => return,
+            _ = tokio::time::sleep_until(deadline) => return give_up(&session),
+            outcome = request => outcome,
+        };
+        match outcome {
             Ok(Ok(_)) => {
                 deadline = client_stop_by(sent, lease);
                 next = sent + renew_interval(lease);
@@ -178,6 +186,68 @@ async fn renew(session: Arc<Session>) {
                 next = Instant::now() + backoff;
                 backoff = (backoff * 2).min(renew_interval(lease));
             }
+        }
+    }
+}
+
+fn give_up(session: &Session) {
+    tracing::warn!(
+        claim = session.claim,
+        "renewals failed for too long: giving up the grant"
+    );
+    session.lose(LostReason::RenewalsFailed);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use bytes::Bytes;
+    use http_body_util::Full;
+
+    use super::*;
+
+    fn identity() -> PodIdentity {
+        PodIdentity {
+            name: "p".into(),
+            namespace: "ns".into(),
+            uid: "u".into(),
+        }
+    }
+
+    /// A client whose claim create is answered after `create_takes`, and whose every
+    /// later request hangs: the path to the API server black-holes packets.
+    fn black_holed_after_create(create_takes: Duration) -> Api<Lease> {
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| async move {
+            if req.method() != http::Method::POST {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(create_takes).await;
+            let lease = serde_json::json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": { "name": "l-1", "namespace": "ns", "resourceVersion": "1" },
+            });
+            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(lease.to_string()))))
+        });
+        Api::namespaced(kube::Client::new(service, "ns"), "ns")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_fires_by_the_deadline_while_a_renewal_hangs() {
+        for secs in [1, 3, 15, 60, 3600] {
+            let lease = Duration::from_secs(secs);
+            let sent = Instant::now();
+            let leases = black_holed_after_create(Duration::from_millis(100));
+            let (session, task) = Session::create(leases, "l", &identity(), secs as i32).await.unwrap();
+            session.lost().await;
+            let at = Instant::now() - sent;
+            assert!(
+                at <= client_stop_by(Duration::ZERO, lease),
+                "lease {secs}s: lost() after {at:?}, promised by {:?} after the create was sent",
+                client_stop_by(Duration::ZERO, lease)
+            );
+            assert_eq!(*session.state().borrow(), State::Lost(LostReason::RenewalsFailed));
+            task.await.unwrap();
         }
     }
 }

@@ -27,6 +27,8 @@ pub struct Plan {
     pub warnings: Vec<(Arc<Lease>, &'static str, String)>,
     /// Released claims with when this controller saw the release, for the handoff metric.
     pub released_seen: Vec<(String, Instant)>,
+    /// The claims judged expired, to be confirmed with a fresh read before acting.
+    pub expired: Vec<Arc<Lease>>,
 }
 
 /// Observe the stores and the tracker, and decide.
@@ -40,6 +42,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     let mut claims = Vec::new();
     let mut warnings = Vec::new();
     let mut released_seen = Vec::new();
+    let mut expired_claims = Vec::new();
     let leases = claims_of(&ctx.leases, lock);
     for lease_obj in &leases {
         let (pod, uid) = match claim::validate_claim(lease_obj) {
@@ -52,12 +55,14 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         let own = claim::claim_lease_duration(lease_obj);
         let expires = tracker.expires_at(lease_obj, lease, own, now);
         let expired = now >= expires;
-        if !expired {
+        if expired {
+            expired_claims.push(lease_obj.clone());
+        } else {
             deadlines.push(expires);
         }
         let view = claim_view(lease_obj, pod, uid, expired, &tracker);
         if view.released {
-            released_seen.push((view.name.clone(), tracker.changed_at(lease_obj)));
+            released_seen.push((view.name.clone(), tracker.released_at(lease_obj)));
         }
         claims.push(view);
     }
@@ -112,6 +117,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         next_deadline: deadlines.into_iter().min(),
         warnings,
         released_seen,
+        expired: expired_claims,
     }
 }
 

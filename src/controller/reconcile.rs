@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -18,7 +19,7 @@ use tracing::instrument;
 
 use super::apply::{after_write, publish_warnings};
 use super::context::Context;
-use super::observe::plan;
+use super::observe::{Plan, plan};
 use crate::api::{DistributedLock, DistributedLockStatus};
 
 /// How many times one reconcile re-reads and re-decides after write conflicts.
@@ -35,6 +36,9 @@ pub enum Error {
     /// Re-reading the lock after a write conflict failed.
     #[error("re-reading DistributedLock {0} after a conflict: {1}")]
     Reread(String, #[source] kube::Error),
+    /// Reading a claim afresh before expiring it failed.
+    #[error("confirming the expiry of claim {0}: {1}")]
+    ConfirmExpiry(String, #[source] kube::Error),
     /// Conflicts kept happening.
     #[error("DistributedLock {0}: {MAX_CONFLICT_RETRIES} write conflicts in a row")]
     Conflicts(String),
@@ -46,6 +50,7 @@ impl Error {
         match self {
             Error::WriteStatus(..) => "write_status",
             Error::Reread(..) => "reread",
+            Error::ConfirmExpiry(..) => "confirm_expiry",
             Error::Conflicts(..) => "conflicts",
         }
     }
@@ -62,6 +67,9 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
     let mut current = (*lock).clone();
     for _ in 0..MAX_CONFLICT_RETRIES {
         let plan = plan(&current, &ctx, Instant::now());
+        if renewed_unseen(&ctx, &ns, &plan).await? {
+            continue; // the watch lags: plan again with what the fresh reads showed
+        }
         publish_warnings(&ctx, &plan.warnings);
         let old = current.status.clone().unwrap_or_default();
         let mut next = current.clone();
@@ -86,6 +94,33 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         return Ok(requeue);
     }
     Err(Error::Conflicts(name))
+}
+
+/// Expiry is never judged from a view that may be stale: the claims this plan expires
+/// are read afresh (a quorum read), and a claim renewed where the watch could not show
+/// it (a watch in backoff, or stalled on a half-open connection, after an outage of
+/// this controller) counts as renewed now. Returns whether any was.
+async fn renewed_unseen(ctx: &Context, ns: &str, plan: &Plan) -> Result<bool, Error> {
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
+    let mut renewed = false;
+    for claim in &plan.expired {
+        let name = claim.name_any();
+        let fresh = match leases.get_opt(&name).await {
+            Ok(Some(fresh)) => fresh,
+            Ok(None) => continue, // gone: its deletion is on the way to the watch
+            Err(e) => return Err(Error::ConfirmExpiry(name, e)),
+        };
+        let mut tracker = ctx.tracker.lock().expect("tracker lock poisoned");
+        if tracker.renewed_since(claim, &fresh) {
+            tracing::warn!(
+                claim = name,
+                "the claim watch lags: a renewal it did not show was read afresh"
+            );
+            tracker.observe(&fresh, Instant::now());
+            renewed = true;
+        }
+    }
+    Ok(renewed)
 }
 
 /// Count the error and retry soon.

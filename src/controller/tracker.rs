@@ -21,8 +21,12 @@ pub type Key = (String, String);
 /// What the controller saw of one claim.
 #[derive(Clone, Debug)]
 struct Seen {
-    resource_version: String,
+    /// The holder's last `spec.renewTime`: only its change counts as a renewal, not
+    /// the controller's own stamp or anyone's annotation.
+    renew_time: String,
     changed_at: Instant,
+    /// When this controller first saw the release mark.
+    released_at: Option<Instant>,
     seq: u64,
     uid: String,
     /// The relist generation in which the claim was last listed or changed.
@@ -45,24 +49,30 @@ pub struct Tracker {
 // === impl Tracker ===
 
 impl Tracker {
-    /// Record a claim seen in a watch event (or a list); a new resourceVersion
+    /// Record a claim seen in a watch event (or a list); a new `spec.renewTime`
     /// counts as a renewal seen now.
     pub fn observe(&mut self, lease: &Lease, now: Instant) {
         let key = (lease.namespace().unwrap_or_default(), lease.name_any());
-        let rv = lease.resource_version().unwrap_or_default();
+        let renewed = renew_time(lease);
         let epoch = self.epoch;
+        let released = crate::protocol::claim::is_released(lease).then_some(now);
         match self.claims.get_mut(&key) {
-            Some(seen) if seen.resource_version == rv => seen.epoch = epoch,
+            Some(seen) if seen.renew_time == renewed => {
+                seen.epoch = epoch;
+                seen.released_at = seen.released_at.or(released);
+            }
             Some(seen) => {
-                seen.resource_version = rv;
+                seen.renew_time = renewed;
                 seen.changed_at = now;
                 seen.epoch = epoch;
+                seen.released_at = seen.released_at.or(released);
             }
             None => {
                 self.next_seq += 1;
                 let seen = Seen {
-                    resource_version: rv,
+                    renew_time: renewed,
                     changed_at: now,
+                    released_at: released,
                     seq: self.next_seq,
                     uid: lease.uid().unwrap_or_default(),
                     epoch,
@@ -70,6 +80,13 @@ impl Tracker {
                 self.claims.insert(key, seen);
             }
         }
+    }
+
+    /// Whether `fresh` (read just now) shows a renewal of `claim` this tracker has not seen.
+    pub fn renewed_since(&self, claim: &Lease, fresh: &Lease) -> bool {
+        let key = (claim.namespace().unwrap_or_default(), claim.name_any());
+        let renewed = renew_time(fresh);
+        self.claims.get(&key).is_none_or(|s| s.renew_time != renewed)
     }
 
     /// Forget a deleted claim, and the warnings said about it.
@@ -111,6 +128,15 @@ impl Tracker {
         self.claims.get(&key).map_or_else(Instant::now, |s| s.changed_at)
     }
 
+    /// When this controller first saw the claim's release mark (now, if never seen).
+    pub fn released_at(&self, lease: &Lease) -> Instant {
+        let key = (lease.namespace().unwrap_or_default(), lease.name_any());
+        self.claims
+            .get(&key)
+            .and_then(|s| s.released_at)
+            .unwrap_or_else(Instant::now)
+    }
+
     /// The claim's arrival key, for FIFO order among claims not yet queued.
     pub fn arrival(&self, lease: &Lease) -> Arrival {
         let key = (lease.namespace().unwrap_or_default(), lease.name_any());
@@ -142,34 +168,66 @@ impl Tracker {
     }
 }
 
+/// A claim's `spec.renewTime` as written (empty when absent).
+fn renew_time(lease: &Lease) -> String {
+    let time = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref());
+    time.map(|t| t.0.to_string()).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+    use k8s_openapi::jiff::Timestamp;
 
     use super::*;
 
-    fn claim(name: &str, rv: &str) -> Lease {
+    /// Claim `name` as renewed at second `renewed`.
+    fn claim(name: &str, renewed: &str) -> Lease {
+        let secs: i64 = renewed.parse().unwrap();
         Lease {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("ns".into()),
                 uid: Some(format!("uid-{name}")),
-                resource_version: Some(rv.into()),
+                resource_version: Some(format!("rv-{renewed}")),
                 ..Default::default()
             },
-            spec: None,
+            spec: Some(LeaseSpec {
+                renew_time: Some(MicroTime(Timestamp::from_second(secs).unwrap())),
+                ..Default::default()
+            }),
         }
     }
 
     #[test]
-    fn a_new_resource_version_counts_as_a_renewal_seen_now() {
+    fn a_new_renew_time_counts_as_a_renewal_seen_now() {
         let mut t = Tracker::default();
         let t0 = Instant::now();
         t.observe(&claim("a", "1"), t0);
         t.observe(&claim("a", "1"), t0 + Duration::from_secs(5));
-        assert_eq!(t.changed_at(&claim("a", "1")), t0, "the same version is no renewal");
+        assert_eq!(t.changed_at(&claim("a", "1")), t0, "the same renewal is no renewal");
         t.observe(&claim("a", "2"), t0 + Duration::from_secs(6));
         assert_eq!(t.changed_at(&claim("a", "2")), t0 + Duration::from_secs(6));
+    }
+
+    #[test]
+    fn writes_other_than_the_holders_renewal_do_not_count() {
+        let mut t = Tracker::default();
+        let t0 = Instant::now();
+        t.observe(&claim("a", "1"), t0);
+        // The controller's stamp, or a neighbour's annotation: a new resourceVersion only.
+        let mut stamped = claim("a", "1");
+        stamped.metadata.resource_version = Some("rv-stamped".into());
+        stamped
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("example.com/note".into(), "x".into());
+        t.observe(&stamped, t0 + Duration::from_secs(5));
+        assert_eq!(t.changed_at(&stamped), t0);
+        assert!(!t.renewed_since(&claim("a", "1"), &stamped));
+        assert!(t.renewed_since(&claim("a", "1"), &claim("a", "3")));
     }
 
     #[test]

@@ -9,7 +9,6 @@ use leasehold::client::Lock;
 use leasehold::protocol::claim::PodIdentity;
 use tokio::process::{Child, Command};
 
-use crate::proxy::Proxy;
 use crate::support::*;
 
 fn spec(lease: i32) -> DistributedLockSpec {
@@ -64,6 +63,63 @@ async fn wait_log(dir: &Path, what: &str, pred: impl Fn(&[Vec<String>]) -> bool)
 const SECTION: &str = r#"echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; sleep 0.3; echo end $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG"#;
 /// A holder that runs until SIGTERM, logging the signal.
 const UNTIL_TERM: &str = r#"trap 'echo term $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; exit 0' TERM; echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; while true; do sleep 0.1; done"#;
+
+/// A holder whose CMD is a shell that leaves a ticking grandchild behind when it dies.
+const FORKING: &str = r#"echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; sh -c 'while :; do echo tick >> $LOG; sleep 0.1; done' & wait"#;
+/// A one-second section, long enough for a leftover ticker to show up inside it.
+const LONG_SECTION: &str = r#"echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; sleep 1; echo end $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG"#;
+
+/// The log's lines after b's start: none may be a tick of a's leftover process.
+fn ticks_after_b_started(dir: &Path) -> usize {
+    let lines = log(dir);
+    let b = lines
+        .iter()
+        .position(|l| l[0] == "start" && l[2] == "b")
+        .expect("b started");
+    lines[b..].iter().filter(|l| l[0] == "tick").count()
+}
+
+/// A forking holder a and a waiting b (one-second section) on lock l.
+async fn forking_holder_and_waiter(ns: &TestNs, dir: &Path) -> (Child, Child) {
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let run_a = run(kubeconfig(), ns, &a, dir, &[], FORKING);
+    wait_log(dir, "a ticks", |l| l.iter().any(|l| l[0] == "tick")).await;
+    let run_b = run(kubeconfig(), ns, &b, dir, &[], LONG_SECTION);
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    (run_a, run_b)
+}
+
+#[tokio::test]
+async fn forced_release_stops_the_children_of_a_forking_cmd_too() {
+    let ns = TestNs::new("forkrel").await;
+    let _c = spawn_controller(&ns, "forkrel");
+    ns.lock("l", spec(3)).await;
+    let dir = scratch("forkrel");
+    let (mut run_a, mut run_b) = forking_holder_and_waiter(&ns, &dir).await;
+    let claim_a = ns.locks().get("l").await.unwrap().status.unwrap().holders[0]
+        .claim
+        .clone();
+    leases(&ns).delete(&claim_a, &Default::default()).await.unwrap();
+    let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(76));
+    assert!(run_b.wait().await.unwrap().success());
+    assert_eq!(ticks_after_b_started(&dir), 0, "a's grandchild ran on after b started");
+}
+
+#[tokio::test]
+async fn sigkill_of_run_kills_the_children_of_a_forking_cmd_too() {
+    let ns = TestNs::new("forkkill").await;
+    let _c = spawn_controller(&ns, "forkkill");
+    ns.lock("l", spec(3)).await;
+    let dir = scratch("forkkill");
+    let (mut run_a, mut run_b) = forking_holder_and_waiter(&ns, &dir).await;
+    run_a.kill().await.unwrap();
+    assert!(run_b.wait().await.unwrap().success());
+    assert_eq!(ticks_after_b_started(&dir), 0, "a's grandchild ran on after b started");
+}
+
+/// A holder that takes 3 s to stop after SIGTERM.
+const SLOW_TERM: &str = r#"trap 'echo term $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; sleep 3; echo end $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; exit 0' TERM; echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; while true; do sleep 0.1; done"#;
 
 /// Pod a holds the lock in `leasehold run` (its CMD runs until SIGTERM; `a_kubeconfig`
 /// lets it go through a proxy), and pod b waits in `leasehold run` with a short section.
@@ -214,24 +270,7 @@ async fn partition_stops_cmd_before_the_lock_passes_on_after_expiry() {
     let _c = spawn_controller(&ns, "partition");
     ns.lock("l", spec(3)).await;
     let dir = scratch("partition");
-    let text = std::fs::read_to_string(kubeconfig()).unwrap();
-    let port: u16 = text
-        .split("https://127.0.0.1:")
-        .nth(1)
-        .unwrap()
-        .split(['\n', '/'])
-        .next()
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let proxy = Proxy::start(port).await;
-    let proxied = dir.join("kubeconfig");
-    std::fs::write(
-        &proxied,
-        text.replace(&format!("127.0.0.1:{port}"), &format!("127.0.0.1:{}", proxy.port)),
-    )
-    .unwrap();
+    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
     let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, &proxied).await;
     proxy.cut();
     let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
@@ -248,6 +287,40 @@ async fn partition_stops_cmd_before_the_lock_passes_on_after_expiry() {
         order,
         ["start a", "term a", "start b", "end b"],
         "a stopped before b started"
+    );
+}
+
+#[tokio::test]
+async fn black_holed_holder_with_a_slow_cmd_stops_before_the_lock_passes_on() {
+    let ns = TestNs::new("blackhole").await;
+    let _c = spawn_controller(&ns, "blackhole");
+    ns.lock("l", spec(15)).await;
+    let dir = scratch("blackhole");
+    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let mut run_a = run(&proxied, &ns, &a, &dir, &[], SLOW_TERM);
+    wait_log(&dir, "a starts", |l| l.len() == 1).await;
+    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], SECTION);
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    // Packets vanish; a's sockets stay open, so its requests hang until they time out.
+    proxy.black_hole();
+    let status = tokio::time::timeout(Duration::from_secs(60), run_a.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(76), "a's run gives up when renewals fail");
+    assert!(
+        tokio::time::timeout(Duration::from_secs(60), run_b.wait())
+            .await
+            .unwrap()
+            .unwrap()
+            .success()
+    );
+    let order: Vec<_> = log(&dir).iter().map(|l| format!("{} {}", l[0], l[2])).collect();
+    assert_eq!(
+        order,
+        ["start a", "term a", "end a", "start b", "end b"],
+        "a's CMD ended before b's started"
     );
 }
 

@@ -1,15 +1,34 @@
-//! A loopback TCP proxy a test can cut, to partition one client from the API server.
+//! A loopback TCP proxy a test controls, to put one client's path to the API server
+//! through the faults a real network has: refusing (`cut`), black-holing (sockets stay
+//! open, nothing comes through: `black_hole`), and holding back only the connections
+//! already open (a watch stuck on a half-open connection while new requests pass:
+//! `freeze_open`, undone by `thaw`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// A running proxy; `cut()` drops every connection and refuses new ones.
+/// What the proxy does with bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Control {
+    /// Forward nothing, on any connection, old or new, but keep every socket open.
+    black_hole: bool,
+    /// Connections numbered below this hold their bytes until it is lowered to 0.
+    frozen_below: u64,
+}
+
+/// A running proxy.
 pub struct Proxy {
     /// The proxy's port on 127.0.0.1.
     pub port: u16,
     cut: CancellationToken,
+    control: watch::Sender<Control>,
+    accepted: Arc<AtomicU64>,
 }
 
 impl Proxy {
@@ -18,32 +37,79 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let cut = CancellationToken::new();
-        let c = cut.clone();
+        let (control, _) = watch::channel(Control {
+            black_hole: false,
+            frozen_below: 0,
+        });
+        let accepted = Arc::new(AtomicU64::new(0));
+        let (c, ctl, n) = (cut.clone(), control.clone(), accepted.clone());
         tokio::spawn(async move {
-            let c = Arc::new(c);
             loop {
                 let accepted = tokio::select! {
                     _ = c.cancelled() => return,
                     a = listener.accept() => a,
                 };
-                let Ok((mut down, _)) = accepted else { continue };
-                let c = c.clone();
+                let Ok((down, _)) = accepted else { continue };
+                let id = n.fetch_add(1, Ordering::SeqCst);
+                let (c, ctl) = (c.clone(), ctl.subscribe());
                 tokio::spawn(async move {
-                    let Ok(mut up) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                    let Ok(up) = TcpStream::connect(("127.0.0.1", upstream)).await else {
                         return;
                     };
+                    let (down_r, down_w) = down.into_split();
+                    let (up_r, up_w) = up.into_split();
                     tokio::select! {
                         _ = c.cancelled() => {}
-                        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+                        _ = pump(id, down_r, up_w, ctl.clone()) => {}
+                        _ = pump(id, up_r, down_w, ctl) => {}
                     }
                 });
             }
         });
-        Proxy { port, cut }
+        Proxy {
+            port,
+            cut,
+            control,
+            accepted,
+        }
     }
 
-    /// Partition: drop all connections and stop accepting.
+    /// Partition that refuses: drop all connections and stop accepting.
     pub fn cut(&self) {
         self.cut.cancel();
+    }
+
+    /// Partition that black-holes: every connection stays open, nothing is forwarded.
+    pub fn black_hole(&self) {
+        self.control.send_modify(|c| c.black_hole = true);
+    }
+
+    /// Hold back the bytes of every connection open now; new connections pass.
+    pub fn freeze_open(&self) {
+        let open = self.accepted.load(Ordering::SeqCst);
+        self.control.send_modify(|c| c.frozen_below = open);
+    }
+
+    /// Let frozen connections go on, delivering what they held.
+    pub fn thaw(&self) {
+        self.control.send_modify(|c| c.frozen_below = 0);
+    }
+}
+
+/// Copy `from` to `to`, obeying the control channel before each write.
+async fn pump(id: u64, mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut ctl: watch::Receiver<Control>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let passes = |c: &Control| !c.black_hole && id >= c.frozen_below;
+        if ctl.wait_for(passes).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }

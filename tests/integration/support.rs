@@ -2,6 +2,8 @@
 //! Pods standing for in-pod clients, and an in-process controller.
 
 use std::path::{Path, PathBuf};
+
+use crate::proxy::Proxy;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -264,4 +266,42 @@ pub async fn claims_in_order(ns: &TestNs, lock: &str, n: usize) -> Vec<String> {
             .await;
     }
     claims
+}
+
+/// A kubeconfig in `dir` whose server is a new proxy in front of the shared API server.
+pub async fn proxied_kubeconfig(dir: &Path) -> (Proxy, PathBuf) {
+    let text = std::fs::read_to_string(kubeconfig()).unwrap();
+    let port: u16 = text
+        .split("https://127.0.0.1:")
+        .nth(1)
+        .unwrap()
+        .split(['\n', '/'])
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let proxy = Proxy::start(port).await;
+    let proxied = dir.join(format!("kubeconfig-{}", proxy.port));
+    std::fs::write(
+        &proxied,
+        text.replace(&format!("127.0.0.1:{port}"), &format!("127.0.0.1:{}", proxy.port)),
+    )
+    .unwrap();
+    (proxy, proxied)
+}
+
+/// A client that sends watch requests through `watches` and every other request
+/// through `direct`: a test can then stall one controller's watches while its reads
+/// and writes go through.
+pub fn split_client(direct: Client, watches: Client) -> Client {
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let is_watch = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true"));
+        let client = if is_watch { watches.clone() } else { direct.clone() };
+        async move { client.send(req).await }
+    });
+    Client::new(service, "default")
 }

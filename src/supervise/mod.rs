@@ -1,0 +1,148 @@
+//! Children that never outlive their parent.
+//!
+//! `leasehold guard --signal S -- CMD` asks the kernel to send it signal S when its
+//! parent dies (Linux's parent-death signal, which survives `exec`), checks that the
+//! parent is still the one that started it, and then *becomes* CMD. `leasehold dev`
+//! starts etcd and the API server this way, so they never outlive a killed launcher.
+//!
+//! `leasehold guard --supervise -- CMD` is what `leasehold run` starts: signalling one
+//! PID is not enough there, since CMD's own children (`sh -c 'job &'`) would run on
+//! after the grant. The supervisor stays CMD's parent: it becomes a child subreaper,
+//! starts CMD in a process group of its own, forwards SIGTERM/SIGINT to that group,
+//! kills CMD's whole process tree on [`KILL_TREE_SIGNAL`], when its own parent dies
+//! (parent-death signal SIGTERM, checked against its parent pid) and after CMD exits
+//! (so nothing CMD left behind outlives the grant), and exits with CMD's status.
+//!
+//! The parent-death signal fires when the *thread* that forked the child ends, so
+//! spawn guarded children from a thread that lives as long as the parent needs them.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::{Pid, getppid};
+use tokio::signal::unix::{SignalKind, signal};
+
+mod tree;
+
+pub use tree::KILL_TIMEOUT;
+
+/// The signal `leasehold run` sends the supervisor to kill CMD's whole process tree.
+pub const KILL_TREE_SIGNAL: Signal = Signal::SIGUSR1;
+
+/// Environment variable carrying the pid of the process that started the guard.
+pub const PARENT_ENV: &str = "LEASEHOLD_GUARD_PARENT";
+
+/// Become `argv`, arranging for `signal` when the parent dies. Returns only on error.
+pub fn exec_guarded(signal: Signal, argv: &[OsString]) -> std::io::Error {
+    let Some((program, args)) = argv.split_first() else {
+        return std::io::Error::new(std::io::ErrorKind::InvalidInput, "guard: no command given");
+    };
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(signal) {
+        return std::io::Error::other(format!("guard: set parent-death signal: {e}"));
+    }
+    if parent_gone(expected_parent()) {
+        return std::io::Error::other("guard: parent already gone");
+    }
+    std::process::Command::new(program)
+        .args(args)
+        .env_remove(PARENT_ENV)
+        .exec()
+}
+
+/// The pid of the process that started the guard, from [`PARENT_ENV`].
+fn expected_parent() -> Option<Pid> {
+    let pid = std::env::var(PARENT_ENV).ok()?.parse::<i32>().ok()?;
+    Some(Pid::from_raw(pid))
+}
+
+/// Whether the parent that started us is gone (we were re-parented). Checked after
+/// arming the parent-death signal, since the parent may die between fork and prctl.
+fn parent_gone(expected: Option<Pid>) -> bool {
+    expected.is_some_and(|p| getppid() != p)
+}
+
+/// Run `argv` as a supervised process tree (see the module doc); returns the exit
+/// status to exit with: CMD's code, or 128 + the signal that ended it.
+pub fn supervise(argv: &[OsString]) -> std::io::Result<u8> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "guard: no command given",
+        ));
+    };
+    nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::other)?;
+    let parent = expected_parent();
+    if parent_gone(parent) {
+        return Err(std::io::Error::other("guard: parent already gone"));
+    }
+    nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::other)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+        let mut kill_tree = signal(SignalKind::from_raw(KILL_TREE_SIGNAL as i32))?;
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
+            .env_remove(PARENT_ENV)
+            .process_group(0)
+            .spawn()?;
+        let cmd = Pid::from_raw(child.id().expect("a just-spawned child has a pid") as i32);
+        let status = loop {
+            tokio::select! {
+                status = child.wait() => break status?,
+                _ = term.recv() => {
+                    if parent_gone(parent) {
+                        tree::kill_descendants(Some(cmd));
+                    } else {
+                        let _ = killpg(cmd, Signal::SIGTERM);
+                    }
+                }
+                _ = int.recv() => { let _ = killpg(cmd, Signal::SIGINT); }
+                _ = kill_tree.recv() => { tree::kill_descendants(Some(cmd)); }
+            }
+        };
+        if !tree::kill_descendants(None) {
+            eprintln!(
+                "leasehold guard: some of the command's processes did not die within {:?}",
+                tree::KILL_TIMEOUT
+            );
+        }
+        Ok(exit_status(status))
+    })
+}
+
+/// A process's exit status as an exit code: its code, or 128 + its signal.
+pub fn exit_status(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(s)) => 128u8.wrapping_add(s as u8),
+        _ => 1,
+    }
+}
+
+/// A command that runs `program` supervised by `leasehold guard --supervise`.
+pub fn supervised_command(leasehold: &PathBuf, program: impl Into<OsString>) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(leasehold);
+    cmd.args(["guard", "--supervise", "--"]).arg(program.into());
+    cmd.env(PARENT_ENV, std::process::id().to_string());
+    cmd
+}
+
+/// A command that runs `program` under `leasehold guard`, so it dies with this process.
+pub fn guarded_command(leasehold: &PathBuf, signal: Signal, program: impl Into<OsString>) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(leasehold);
+    cmd.arg("guard")
+        .arg("--signal")
+        .arg(signal.as_str())
+        .arg("--")
+        .arg(program.into());
+    cmd.env(PARENT_ENV, std::process::id().to_string());
+    cmd
+}
+
+/// The path of the running `leasehold` binary, used to start guarded children.
+pub fn self_exe() -> std::io::Result<PathBuf> {
+    std::env::current_exe()
+}
