@@ -128,6 +128,11 @@ pub struct Holder {
     pub fencing_token: i64,
     /// When the grant was made (the controller's clock; informational).
     pub granted_at: Time,
+    /// The lease the holder's process lives by, as its claim stated at the grant. A
+    /// revoked holder's slot is held back for the longer of this and the lock's lease,
+    /// so editing the lock cannot shorten the wait for a holder granted under a longer one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_duration_seconds: Option<i32>,
     /// Set only while a revoked holder's slot is held back: its claim was taken away
     /// while its pod lives, so the slot passes on once the pod is gone or one lease
     /// duration has passed, by when the holder has stopped itself.
@@ -148,7 +153,8 @@ pub struct Revocation {
 /// Why a grant was revoked.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 pub enum RevokeReason {
-    /// The holder's Pod object is gone.
+    /// The holder's Pod object is gone (its slot is held back unless the kubelet
+    /// reported its containers stopped, or its claim expired).
     PodGone,
     /// The holder's pod was replaced by another pod of the same name (another UID).
     PodReplaced,

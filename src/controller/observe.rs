@@ -6,16 +6,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 
 use super::context::Context;
 use super::tracker::Tracker;
-use crate::api::DistributedLock;
+use crate::api::{DistributedLock, Holder};
 use crate::decide::{ClaimView, Decision, PodView, World, decide};
 use crate::protocol::claim;
+use crate::protocol::timing::MAX_LEASE_SECONDS;
 
 /// What one decision plans, with when to look again.
 pub struct Plan {
@@ -73,9 +74,19 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         &ns,
         pod_names.chain(status.queue.iter().map(|w| w.pod.as_str())),
     );
+    let stopped_pods = status
+        .holders
+        .iter()
+        .map(|h| h.pod_uid.clone())
+        .filter(|uid| tracker.pod_stopped(uid))
+        .collect();
     let mut elapsed = BTreeSet::new();
     for h in status.holders.iter().filter(|h| h.revoked.is_some()) {
-        let ends = tracker.hold_back_ends(&ns, &name, &h.claim, lease, now);
+        let renewed = leases
+            .iter()
+            .find(|l| l.name_any() == h.claim)
+            .map(|l| tracker.changed_at(l));
+        let ends = tracker.hold_back_ends(&ns, &name, &h.claim, holder_lease(lease, h), renewed, now);
         if now >= ends {
             elapsed.insert(h.claim.clone());
         } else {
@@ -87,6 +98,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         status: &status,
         claims: &claims,
         pods: &pods,
+        stopped_pods: &stopped_pods,
         hold_back_elapsed: &elapsed,
         now: Timestamp::now(),
     };
@@ -98,8 +110,13 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         .filter(|h| h.revoked.is_some())
         .map(|h| h.claim.clone())
         .collect();
-    for claim in &revoked {
-        deadlines.push(tracker.hold_back_ends(&ns, &name, claim, lease, now));
+    for h in decision.status.holders.iter().filter(|h| h.revoked.is_some()) {
+        let renewed = leases
+            .iter()
+            .find(|l| l.name_any() == h.claim)
+            .map(|l| tracker.changed_at(l));
+        let ends = tracker.hold_back_ends(&ns, &name, &h.claim, holder_lease(lease, h), renewed, now);
+        deadlines.push(ends);
     }
     tracker.retain_revoked(&ns, &name, &revoked);
     for (claim, reason) in &decision.ignored {
@@ -121,6 +138,13 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     }
 }
 
+/// The lease a holder's process may be living by: the longer of the lock's and the one
+/// its claim stated when it was granted.
+fn holder_lease(spec: Duration, holder: &Holder) -> Duration {
+    let own = holder.lease_duration_seconds.unwrap_or(0).clamp(0, MAX_LEASE_SECONDS);
+    spec.max(Duration::from_secs(own as u64))
+}
+
 /// The claims of one lock, from the store.
 pub fn claims_of(store: &Store<Lease>, lock: &DistributedLock) -> Vec<Arc<Lease>> {
     let (ns, name) = (lock.namespace(), lock.name_any());
@@ -140,6 +164,7 @@ pub fn claim_view(lease: &Lease, pod: String, pod_uid: String, expired: bool, tr
         arrival: tracker.arrival(lease),
         released: claim::is_released(lease),
         expired,
+        lease_seconds: claim::claim_lease_seconds(lease),
     }
 }
 
@@ -163,16 +188,47 @@ pub fn pod_views<'a>(store: &Store<Pod>, ns: &str, names: impl Iterator<Item = &
     out
 }
 
-/// Strip a pod down to what the controller needs (name, namespace, uid, phase), so
-/// the cluster-wide pod cache stays small.
+/// Whether the kubelet's own report says every process of the pod has stopped: its
+/// phase is Succeeded or Failed, or every container's state is terminated.
+pub fn pod_stopped(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return true;
+    }
+    let containers = status.container_statuses.as_deref().unwrap_or_default();
+    !containers.is_empty()
+        && containers
+            .iter()
+            .all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
+}
+
+/// Strip a pod down to what the controller needs (name, namespace, uid, phase, and
+/// whether its containers terminated), so the cluster-wide pod cache stays small.
 pub fn slim_pod(pod: &mut Pod) {
     pod.spec = None;
     pod.metadata.managed_fields = None;
     pod.metadata.annotations = None;
     pod.metadata.labels = None;
     if let Some(status) = pod.status.as_mut() {
-        *status = k8s_openapi::api::core::v1::PodStatus {
+        let terminated = |c: &ContainerStatus| ContainerStatus {
+            name: c.name.clone(),
+            state: c.state.as_ref().map(|s| ContainerState {
+                terminated: s.terminated.as_ref().map(|t| ContainerStateTerminated {
+                    exit_code: t.exit_code,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        *status = PodStatus {
             phase: status.phase.take(),
+            container_statuses: status
+                .container_statuses
+                .as_ref()
+                .map(|cs| cs.iter().map(terminated).collect()),
             ..Default::default()
         };
     }

@@ -10,6 +10,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use crate::decide::Arrival;
@@ -44,7 +45,13 @@ pub struct Tracker {
     revoked: HashMap<(String, String, String), Instant>,
     /// Warnings already published, by (object uid, reason): each is said once.
     warned: HashSet<(String, &'static str)>,
+    /// UIDs of pods whose objects went away after the kubelet reported them stopped,
+    /// with when this controller saw that (forgotten after [`STOPPED_POD_MEMORY`]).
+    stopped_pods: HashMap<String, Instant>,
 }
+
+/// How long the tracker remembers that a deleted pod had stopped.
+pub const STOPPED_POD_MEMORY: Duration = Duration::from_secs(3600);
 
 // === impl Tracker ===
 
@@ -146,14 +153,38 @@ impl Tracker {
         }
     }
 
-    /// When a revoked holder's hold-back delay ends: one lease duration plus grace
-    /// after this controller first saw the revocation.
-    pub fn hold_back_ends(&mut self, ns: &str, lock: &str, claim: &str, duration: Duration, now: Instant) -> Instant {
-        let first = *self
+    /// When a revoked holder's hold-back delay ends: `duration` (the longest lease the
+    /// holder may be living by) plus grace after this controller first saw the
+    /// revocation, or saw the claim renewed after it (`renewed`), whichever is later.
+    pub fn hold_back_ends(
+        &mut self,
+        ns: &str,
+        lock: &str,
+        claim: &str,
+        duration: Duration,
+        renewed: Option<Instant>,
+        now: Instant,
+    ) -> Instant {
+        let from = self
             .revoked
             .entry((ns.into(), lock.into(), claim.into()))
             .or_insert(now);
-        timing::hold_back_ends(first, duration)
+        *from = (*from).max(renewed.unwrap_or(*from));
+        timing::hold_back_ends(*from, duration)
+    }
+
+    /// Record a pod object's deletion; remembered when its last state shows it stopped.
+    pub fn pod_departed(&mut self, pod: &Pod, now: Instant) {
+        self.stopped_pods
+            .retain(|_, at| now.saturating_duration_since(*at) < STOPPED_POD_MEMORY);
+        if super::observe::pod_stopped(pod) {
+            self.stopped_pods.insert(pod.uid().unwrap_or_default(), now);
+        }
+    }
+
+    /// Whether the pod with this UID went away after the kubelet reported it stopped.
+    pub fn pod_stopped(&self, uid: &str) -> bool {
+        self.stopped_pods.contains_key(uid)
     }
 
     /// Drop revocation memories of a lock that are no longer in its status.

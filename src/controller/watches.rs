@@ -51,10 +51,18 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         }
     })
     .touched_objects();
+    let t = tracker.clone();
     let pods = watcher(opts.api::<Pod>(&client), watcher::Config::default())
         .default_backoff()
         .modify(observe::slim_pod)
         .reflect(pod_writer)
+        .inspect_ok(move |ev| {
+            if let watcher::Event::Delete(pod) = ev {
+                t.lock()
+                    .expect("tracker lock poisoned")
+                    .pod_departed(pod, Instant::now());
+            }
+        })
         .touched_objects();
 
     let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);

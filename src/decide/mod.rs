@@ -7,10 +7,14 @@
 //! old holder has certainly stopped):
 //!
 //! * A holder's slot is freed at once when its process marked the claim released; when
-//!   its pod is gone, replaced or finished; or when its claim expired.
-//! * A holder whose claim vanished without the released mark while its pod lives was
-//!   *force-released*: the entry is marked `revoked` and keeps its slot until its pod is
-//!   gone/replaced/finished or the caller says its hold-back delay elapsed.
+//!   its claim expired (its process stopped itself first); or when its pod finished, or
+//!   is gone or replaced *and the kubelet reported its containers stopped* (graceful
+//!   deletion removes the object only after that).
+//! * A pod object gone is not a process stopped: after a forced deletion (a node that
+//!   does not answer), node deletion or pod GC, the process may run on. Such a holder,
+//!   and one whose claim vanished without the released mark while its pod lives
+//!   (*force-released*), is marked `revoked` and keeps its slot until its pod is known
+//!   stopped or the caller says its hold-back delay elapsed.
 //! * `status.queue` is the durable FIFO order; claims not yet in it are appended by
 //!   their arrival key. While fewer than `maxHolders` slots are occupied, the head of
 //!   the queue is granted with the next fencing token.
@@ -32,36 +36,38 @@ mod tests;
 /// How a claim's pod stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Liveness {
+    /// The pod with the claim's UID exists and has not finished.
     Alive,
-    Gone,
-    Replaced,
-    Finished,
+    /// Its processes have certainly stopped (finished, or gone/replaced after the
+    /// kubelet reported its containers stopped).
+    Stopped(RevokeReason),
+    /// The pod object is gone or replaced, but nothing says its processes stopped.
+    Unknown(RevokeReason),
 }
 
-fn liveness(pods: &BTreeMap<String, PodView>, pod: &str, uid: &str) -> Liveness {
-    match pods.get(pod) {
-        None => Liveness::Gone,
-        Some(p) if p.uid != uid => Liveness::Replaced,
-        Some(p) if p.finished => Liveness::Finished,
-        Some(_) => Liveness::Alive,
-    }
-}
-
-fn revoke_reason(l: Liveness) -> Option<RevokeReason> {
-    match l {
-        Liveness::Alive => None,
-        Liveness::Gone => Some(RevokeReason::PodGone),
-        Liveness::Replaced => Some(RevokeReason::PodReplaced),
-        Liveness::Finished => Some(RevokeReason::PodFinished),
+fn liveness(world: &World<'_>, pod: &str, uid: &str) -> Liveness {
+    let reason = match world.pods.get(pod) {
+        Some(p) if p.uid == uid && !p.finished => return Liveness::Alive,
+        Some(p) if p.uid == uid => return Liveness::Stopped(RevokeReason::PodFinished),
+        Some(_) => RevokeReason::PodReplaced,
+        None => RevokeReason::PodGone,
+    };
+    if world.stopped_pods.contains(uid) {
+        Liveness::Stopped(reason)
+    } else {
+        Liveness::Unknown(reason)
     }
 }
 
 fn drop_reason(l: Liveness) -> Option<DropReason> {
-    revoke_reason(l).map(|r| match r {
-        RevokeReason::PodReplaced => DropReason::PodReplaced,
-        RevokeReason::PodFinished => DropReason::PodFinished,
-        _ => DropReason::PodGone,
-    })
+    match l {
+        Liveness::Alive => None,
+        Liveness::Stopped(r) | Liveness::Unknown(r) => Some(match r {
+            RevokeReason::PodReplaced => DropReason::PodReplaced,
+            RevokeReason::PodFinished => DropReason::PodFinished,
+            _ => DropReason::PodGone,
+        }),
+    }
 }
 
 /// Compute the lock's next status and the actions that lead there.
@@ -104,41 +110,43 @@ fn decide_holders<'w>(
         }
         let act = |kind| Action::new(&h.claim, &h.pod, kind);
         let token = h.fencing_token;
-        let live = liveness(world.pods, &h.pod, &h.pod_uid);
+        let live = liveness(world, &h.pod, &h.pod_uid);
         if h.revoked.is_some() {
-            if live != Liveness::Alive || world.hold_back_elapsed.contains(&h.claim) {
+            if matches!(live, Liveness::Stopped(_)) || world.hold_back_elapsed.contains(&h.claim) {
                 d.actions.push(act(ActionKind::SlotFreed(token)));
             } else {
                 kept.push(h.clone());
             }
             continue;
         }
-        match claims.get(h.claim.as_str()) {
-            Some(c) if c.released => {
-                d.actions.push(act(ActionKind::Released(token)));
-                d.delete_claims.push(h.claim.clone());
+        let claim = claims.get(h.claim.as_str());
+        if let Some(c) = claim.filter(|c| c.released) {
+            d.actions.push(act(ActionKind::Released(token)));
+            d.delete_claims.push(c.name.clone());
+            continue;
+        }
+        let expired = claim.is_some_and(|c| c.expired);
+        let (reason, held_back) = match live {
+            Liveness::Stopped(r) => (r, false),
+            // The claim expired: its process stopped itself before we could judge so.
+            Liveness::Unknown(r) => (r, !expired),
+            Liveness::Alive if claim.is_none() => (RevokeReason::ForceReleased, true),
+            Liveness::Alive if expired => (RevokeReason::Expired, false),
+            Liveness::Alive => {
+                kept.push(h.clone());
+                continue;
             }
-            present => {
-                let reason = revoke_reason(live).or(match present {
-                    None => Some(RevokeReason::ForceReleased),
-                    Some(c) if c.expired => Some(RevokeReason::Expired),
-                    Some(_) => None,
-                });
-                let Some(reason) = reason else {
-                    kept.push(h.clone());
-                    continue;
-                };
-                d.actions.push(act(ActionKind::Revoked(token, reason)));
-                if reason == RevokeReason::ForceReleased {
-                    let at = Time(world.now);
-                    kept.push(Holder {
-                        revoked: Some(Revocation { reason, at }),
-                        ..h.clone()
-                    });
-                } else if present.is_some() {
-                    d.delete_claims.push(h.claim.clone());
-                }
-            }
+        };
+        d.actions.push(act(ActionKind::Revoked(token, reason)));
+        if held_back {
+            let at = Time(world.now);
+            kept.push(Holder {
+                revoked: Some(Revocation { reason, at }),
+                ..h.clone()
+            });
+        }
+        if claim.is_some() {
+            d.delete_claims.push(h.claim.clone());
         }
     }
     kept
@@ -160,7 +168,7 @@ fn decide_queue<'w>(
             None => Some(DropReason::ClaimGone),
             Some(c) if c.released => Some(DropReason::Withdrawn),
             Some(c) if c.expired => Some(DropReason::Expired),
-            Some(_) => drop_reason(liveness(world.pods, &w.pod, &w.pod_uid)),
+            Some(_) => drop_reason(liveness(world, &w.pod, &w.pod_uid)),
         };
         match reason {
             None => queue.push(w.clone()),
@@ -187,11 +195,13 @@ fn decide_queue<'w>(
             d.delete_claims.push(c.name.clone());
             continue;
         }
-        let ignore = match liveness(world.pods, &c.pod, &c.pod_uid) {
+        let ignore = match liveness(world, &c.pod, &c.pod_uid) {
             Liveness::Alive => None,
-            Liveness::Gone => Some(IgnoreReason::PodNotFound),
-            Liveness::Replaced => Some(IgnoreReason::PodUidMismatch),
-            Liveness::Finished => Some(IgnoreReason::PodFinished),
+            Liveness::Stopped(RevokeReason::PodFinished) => Some(IgnoreReason::PodFinished),
+            Liveness::Stopped(RevokeReason::PodReplaced) | Liveness::Unknown(RevokeReason::PodReplaced) => {
+                Some(IgnoreReason::PodUidMismatch)
+            }
+            Liveness::Stopped(_) | Liveness::Unknown(_) => Some(IgnoreReason::PodNotFound),
         };
         if let Some(reason) = ignore {
             d.ignored.push((c.name.clone(), reason));
@@ -218,12 +228,14 @@ fn grant(world: &World<'_>, d: &mut Decision) {
         granted += 1;
         d.status.fencing_token += 1;
         let token = d.status.fencing_token;
+        let lease = world.claims.iter().find(|c| c.name == w.claim).map(|c| c.lease_seconds);
         d.status.holders.push(Holder {
             claim: w.claim.clone(),
             pod: w.pod.clone(),
             pod_uid: w.pod_uid.clone(),
             fencing_token: token,
             granted_at: Time(world.now),
+            lease_duration_seconds: lease.filter(|l| *l > 0),
             revoked: None,
         });
         d.actions

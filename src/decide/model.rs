@@ -31,6 +31,9 @@ pub struct ClaimView {
     pub released: bool,
     /// The caller judged the claim expired: not renewed for long enough.
     pub expired: bool,
+    /// The lease the claim's process lives by, in seconds (as written on the claim,
+    /// capped at the API's maximum; 0 when absent).
+    pub lease_seconds: i32,
 }
 
 /// What is known of one pod, by name. A pod absent from the map is gone.
@@ -41,6 +44,10 @@ pub struct PodView {
     /// Its phase is Succeeded or Failed: its containers have stopped.
     pub finished: bool,
 }
+
+/// UIDs of pods whose objects are gone, but whose last state the kubelet reported
+/// showed every container terminated: their processes have certainly stopped.
+pub type StoppedPods = BTreeSet<String>;
 
 /// Everything `decide` looks at.
 #[derive(Clone, Copy, Debug)]
@@ -53,6 +60,8 @@ pub struct World<'a> {
     pub claims: &'a [ClaimView],
     /// What is known of the pods the claims name, by pod name.
     pub pods: &'a BTreeMap<String, PodView>,
+    /// Pods (by UID) gone or replaced after the kubelet reported them stopped.
+    pub stopped_pods: &'a StoppedPods,
     /// Revoked holders (by claim) whose hold-back delay elapsed on the caller's clock.
     pub hold_back_elapsed: &'a BTreeSet<String>,
     /// The wall-clock time to write into timestamps (informational only).

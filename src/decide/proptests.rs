@@ -18,13 +18,19 @@ enum Event {
     Expire(usize),
     /// Someone deletes the j-th claim (a forced release if it holds the lock).
     ForceDelete(usize),
-    /// Pod i is deleted; with `gc`, garbage collection also removes its claims.
+    /// Pod i is deleted; with `gc`, garbage collection also removes its claims. With
+    /// `graceful`, the kubelet stopped its containers and said so first; without, the
+    /// object is force-deleted and its processes may run on.
     PodDies {
         pod: usize,
         gc: bool,
+        graceful: bool,
     },
-    /// Pod i is replaced by a pod of the same name with a new UID.
-    PodReplaced(usize),
+    /// Pod i is replaced by a pod of the same name with a new UID (`graceful` as above).
+    PodReplaced {
+        pod: usize,
+        graceful: bool,
+    },
     /// Pod i reaches Succeeded/Failed.
     PodFinishes(usize),
     /// The hold-back delay of the j-th claim elapses (if it is a revoked holder).
@@ -39,8 +45,8 @@ fn event() -> impl Strategy<Value = Event> {
         2 => any::<usize>().prop_map(Event::Release),
         1 => any::<usize>().prop_map(Event::Expire),
         1 => any::<usize>().prop_map(Event::ForceDelete),
-        1 => (0..PODS, any::<bool>()).prop_map(|(pod, gc)| Event::PodDies { pod, gc }),
-        1 => (0..PODS).prop_map(Event::PodReplaced),
+        1 => (0..PODS, any::<bool>(), any::<bool>()).prop_map(|(pod, gc, graceful)| Event::PodDies { pod, gc, graceful }),
+        1 => (0..PODS, any::<bool>()).prop_map(|(pod, graceful)| Event::PodReplaced { pod, graceful }),
         1 => (0..PODS).prop_map(Event::PodFinishes),
         2 => any::<usize>().prop_map(Event::HoldBackElapses),
         1 => (1..4i32).prop_map(Event::SetMaxHolders),
@@ -118,6 +124,7 @@ impl Model {
                     },
                     released: false,
                     expired: false,
+                    lease_seconds: 15,
                 });
                 self.made.push(name);
             }
@@ -138,14 +145,25 @@ impl Model {
                 let Some(name) = self.nth(j) else { return };
                 self.f.claims.retain(|c| c.name != name);
             }
-            Event::PodDies { pod: i, gc } => {
-                self.f.pods.remove(&pod(i));
+            Event::PodDies { pod: i, gc, graceful } => {
+                let Some(gone) = self.f.pods.remove(&pod(i)) else {
+                    return;
+                };
                 if gc {
                     self.f.claims.retain(|c| c.pod != pod(i));
                 }
-                self.stop_where(|p| p.pod == pod(i));
+                if graceful {
+                    self.f.stopped.insert(gone.uid.clone());
+                    self.stop_where(|p| p.uid == gone.uid);
+                }
             }
-            Event::PodReplaced(i) => {
+            Event::PodReplaced { pod: i, graceful } => {
+                if let Some(old) = self.f.pods.get(&pod(i)).cloned()
+                    && graceful
+                {
+                    self.f.stopped.insert(old.uid.clone());
+                    self.stop_where(|p| p.uid == old.uid);
+                }
                 self.generation[i] += 1;
                 self.f.pods.insert(
                     pod(i),
@@ -154,8 +172,6 @@ impl Model {
                         finished: false,
                     },
                 );
-                let alive = self.f.pods.clone();
-                self.stop_where(|p| alive.get(&p.pod).is_none_or(|v| v.uid != p.uid));
             }
             Event::PodFinishes(i) => {
                 if let Some(p) = self.f.pods.get_mut(&pod(i)) {

@@ -7,12 +7,14 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::{DistributedLockSpec, Holder};
 
 /// A lock plus its observed world, built up step by step.
+#[derive(Clone)]
 pub(super) struct Fixture {
     pub spec: DistributedLockSpec,
     pub status: DistributedLockStatus,
     pub claims: Vec<ClaimView>,
     pub pods: BTreeMap<String, PodView>,
     pub elapsed: BTreeSet<String>,
+    pub stopped: StoppedPods,
     seq: u64,
 }
 
@@ -24,6 +26,7 @@ pub(super) fn lock() -> Fixture {
         claims: Vec::new(),
         pods: BTreeMap::new(),
         elapsed: BTreeSet::new(),
+        stopped: StoppedPods::new(),
         seq: 0,
     }
 }
@@ -58,6 +61,7 @@ impl Fixture {
             },
             released: false,
             expired: false,
+            lease_seconds: 15,
         });
         self
     }
@@ -72,6 +76,7 @@ impl Fixture {
             pod_uid: uid(name),
             fencing_token: self.status.fencing_token,
             granted_at: Time(Timestamp::UNIX_EPOCH),
+            lease_duration_seconds: Some(15),
             revoked: None,
         });
         self
@@ -109,12 +114,27 @@ impl Fixture {
         self
     }
 
+    /// Pod `pod` is deleted gracefully: the kubelet stopped its containers first.
     pub fn pod_gone(mut self, pod: &str) -> Self {
+        self.stopped.insert(uid(pod));
+        self.pod_force_deleted(pod)
+    }
+
+    /// Pod `pod`'s object is removed with nothing said of its processes (forced
+    /// deletion on an unreachable node, node deletion, pod GC).
+    pub fn pod_force_deleted(mut self, pod: &str) -> Self {
         self.pods.remove(pod);
         self
     }
 
+    /// Pod `pod` is replaced by one of the same name, its old containers stopped.
     pub fn pod_replaced(mut self, pod: &str) -> Self {
+        self.stopped.insert(uid(pod));
+        self.pod_force_replaced(pod)
+    }
+
+    /// Pod `pod` is replaced with nothing said of the old one's processes.
+    pub fn pod_force_replaced(mut self, pod: &str) -> Self {
         self.pods.insert(
             pod.into(),
             PodView {
@@ -141,6 +161,7 @@ impl Fixture {
             status: &self.status,
             claims: &self.claims,
             pods: &self.pods,
+            stopped_pods: &self.stopped,
             hold_back_elapsed: &self.elapsed,
             now: Timestamp::UNIX_EPOCH,
         })
@@ -224,6 +245,55 @@ fn pod_gone_replaced_or_finished_frees_the_slot_at_once() {
         assert_eq!(d.revoked(), [("a", reason)]);
         assert_eq!(d.holders(), ["b"], "{reason:?} frees the slot at once");
     }
+}
+
+#[test]
+fn a_force_deleted_or_force_replaced_pod_holds_its_slot_back_until_the_delay_elapses() {
+    for (f, reason) in [
+        (
+            lock().held_by("a").queued("b").pod_force_deleted("a"),
+            RevokeReason::PodGone,
+        ),
+        (
+            lock().held_by("a").queued("b").pod_force_replaced("a"),
+            RevokeReason::PodReplaced,
+        ),
+    ] {
+        let (f, d) = f.then();
+        assert_eq!(d.revoked(), [("a", reason)]);
+        assert_eq!(d.holders(), ["a"], "{reason:?}: its process may run on");
+        assert!(d.status.holders[0].revoked.is_some());
+        let d = f.clone().decide();
+        assert!(d.actions.is_empty(), "nothing changes until the delay elapses");
+        let d = f.hold_back_elapsed("a").decide();
+        assert_eq!(d.holders(), ["b"]);
+    }
+}
+
+#[test]
+fn a_force_deleted_pod_whose_claim_expired_frees_its_slot_at_once() {
+    let d = lock()
+        .held_by("a")
+        .queued("b")
+        .expired("a")
+        .pod_force_deleted("a")
+        .decide();
+    assert_eq!(d.revoked(), [("a", RevokeReason::PodGone)]);
+    assert_eq!(d.holders(), ["b"], "the client stopped itself before expiry");
+}
+
+#[test]
+fn a_held_back_slot_passes_on_once_the_kubelet_reports_the_pod_stopped() {
+    let (f, _) = lock().held_by("a").queued("b").pod_force_deleted("a").then();
+    let mut f = f;
+    f.stopped.insert("uid-a".into());
+    assert_eq!(f.decide().holders(), ["b"]);
+}
+
+#[test]
+fn a_holders_own_lease_is_recorded_at_the_grant() {
+    let d = lock().claims("a").decide();
+    assert_eq!(d.status.holders[0].lease_duration_seconds, Some(15));
 }
 
 #[test]

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Owne
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::timing::MAX_LEASE_SECONDS;
 use super::{FENCING_TOKEN_ANNOTATION, LOCK_LABEL, POD_UID_ANNOTATION, RELEASED_ANNOTATION};
 
 /// The identity of the process making a claim: its pod.
@@ -140,10 +141,17 @@ pub fn is_released(lease: &Lease) -> bool {
         .is_some_and(|v| v == "true")
 }
 
-/// The lease the claim says its process lives by (zero when absent or negative).
-pub fn claim_lease_duration(lease: &Lease) -> Duration {
+/// The lease the claim says its process lives by, in seconds: 0 when absent or
+/// negative, and at most [`MAX_LEASE_SECONDS`] (the API's own maximum), so a claim
+/// cannot keep a slot for longer than any lock could.
+pub fn claim_lease_seconds(lease: &Lease) -> i32 {
     let secs = lease.spec.as_ref().and_then(|s| s.lease_duration_seconds).unwrap_or(0);
-    Duration::from_secs(secs.max(0) as u64)
+    secs.clamp(0, MAX_LEASE_SECONDS)
+}
+
+/// [`claim_lease_seconds`] as a duration.
+pub fn claim_lease_duration(lease: &Lease) -> Duration {
+    Duration::from_secs(claim_lease_seconds(lease) as u64)
 }
 
 #[cfg(test)]
@@ -189,6 +197,14 @@ mod tests {
             .get_or_insert_default()
             .insert(RELEASED_ANNOTATION.into(), value.into());
         assert!(is_released(&lease));
+    }
+
+    #[test]
+    fn a_claims_own_lease_is_capped_at_the_api_maximum() {
+        let huge = claim_lease("l-1", "l", &pod(), i32::MAX);
+        assert_eq!(claim_lease_seconds(&huge), MAX_LEASE_SECONDS);
+        let negative = claim_lease("l-1", "l", &pod(), -5);
+        assert_eq!(claim_lease_duration(&negative), Duration::ZERO);
     }
 
     #[test]

@@ -25,15 +25,24 @@
 //! *sent*. Let `seen` be the moment (controller's monotonic clock) the controller saw
 //! that write, and `L_c = max(L_spec, L_claim)` the lease the controller judges by.
 //!
-//! * The client stops its work (`lost()`) by `sent + L − margin`
-//!   ([`timing::client_stop_by`]); `leasehold run` then gives CMD `margin` between
-//!   SIGTERM and SIGKILL, so CMD is dead by `sent + L`.
+//! * The client stops its work (`lost()`) by `sent + L − margin + h`
+//!   ([`timing::client_stop_by`]), where `h` is how long an in-flight request may
+//!   delay the deadline. The renewal task races every request against the deadline,
+//!   so `h = 0` even when a black-holed connection makes a request hang until its
+//!   timeout (`client::session`'s paused-time test holds it to that). `leasehold run`
+//!   then gives CMD `margin` between SIGTERM and SIGKILL of its whole process tree, so
+//!   CMD is dead by `sent + L`.
 //! * The controller frees the slot of an unrenewed claim no earlier than
-//!   `seen + L_c + EXPIRY_GRACE` ([`timing::controller_expiry`]).
+//!   `seen + L_c + EXPIRY_GRACE` ([`timing::controller_expiry`]), and only after a
+//!   fresh read of the claim shows no renewal its watch missed. A revoked holder whose
+//!   process may still run (forced release, force-deleted pod) keeps its slot until
+//!   `max(revoked_seen, seen) + max(L_spec, L_holder) + EXPIRY_GRACE`
+//!   ([`timing::hold_back_ends`]), `L_holder` being the lease recorded at its grant.
 //!
 //! Since `seen ≥ sent` (a write is seen after it is sent), `L ≤ L_c` (the client's
-//! lease is written on its claim) and `EXPIRY_GRACE > 0`:
-//! `sent + L − margin + margin < seen + L_c + EXPIRY_GRACE`. The grace covers clock
+//! lease is written on its claim, capped at [`timing::MAX_LEASE_SECONDS`] like the
+//! lock's), `h = 0` and `EXPIRY_GRACE > 0`:
+//! `sent + L − margin + h + margin < seen + L_c + EXPIRY_GRACE`. The grace covers clock
 //! *rate* differences between the two machines over one lease; no wall clocks are
 //! compared. `timing`'s tests state this inequality with the real functions.
 
@@ -78,6 +87,7 @@ mod tests {
             pod_uid: "u".into(),
             fencing_token: token,
             granted_at: Time(Timestamp::UNIX_EPOCH),
+            lease_duration_seconds: None,
             revoked: revoked.then_some(Revocation {
                 reason: RevokeReason::ForceReleased,
                 at: Time(Timestamp::UNIX_EPOCH),

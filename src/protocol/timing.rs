@@ -11,6 +11,9 @@ use std::time::Duration;
 /// expired or a held-back slot free. Covers scheduling delays and clock-rate drift.
 pub const EXPIRY_GRACE: Duration = Duration::from_secs(2);
 
+/// The longest lease a lock or a claim may state, in seconds (the CRD's maximum).
+pub const MAX_LEASE_SECONDS: i32 = 3600;
+
 /// The shortest time a renewal request may take before it counts as failed.
 pub const MIN_RENEW_TIMEOUT: Duration = Duration::from_millis(200);
 

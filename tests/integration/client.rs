@@ -325,6 +325,76 @@ async fn black_holed_holder_with_a_slow_cmd_stops_before_the_lock_passes_on() {
 }
 
 #[tokio::test]
+async fn force_deleted_pod_of_a_cut_off_holder_stops_cmd_before_the_next_starts() {
+    let ns = TestNs::new("forcedelrun").await;
+    let _c = spawn_controller(&ns, "forcedelrun");
+    ns.lock("l", spec(3)).await;
+    let dir = scratch("forcedelrun");
+    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
+    let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, &proxied).await;
+    // The node stops answering; an operator force-deletes its pod.
+    proxy.black_hole();
+    let grace0 = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    ns.pods().delete("a", &grace0).await.unwrap();
+    let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(76), "a's run gives up when renewals fail");
+    assert!(
+        tokio::time::timeout(DEADLINE, run_b.wait())
+            .await
+            .unwrap()
+            .unwrap()
+            .success()
+    );
+    let order: Vec<_> = log(&dir).iter().map(|l| format!("{} {}", l[0], l[2])).collect();
+    assert_eq!(
+        order,
+        ["start a", "term a", "start b", "end b"],
+        "a stopped before b started"
+    );
+}
+
+#[tokio::test]
+async fn hold_back_after_a_forced_release_lasts_the_holders_lease_not_the_edited_one() {
+    let ns = TestNs::new("holdlease").await;
+    let _c = spawn_controller(&ns, "holdlease");
+    ns.lock("l", spec(20)).await;
+    let dir = scratch("holdlease");
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    // a's CMD ignores SIGTERM: only the SIGKILL a margin (5 s) after loss stops it.
+    let stubborn = r#"trap '' TERM; echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; while :; do echo tick >> $LOG; sleep 0.1; done"#;
+    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], stubborn);
+    wait_log(&dir, "a ticks", |l| l.iter().any(|l| l[0] == "tick")).await;
+    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], LONG_SECTION);
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    // The lock is edited to a short lease, then a's claim is taken away.
+    let patch = serde_json::json!({"spec": {"leaseDurationSeconds": 1}});
+    ns.locks()
+        .patch("l", &Default::default(), &kube::api::Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let claim_a = ns.locks().get("l").await.unwrap().status.unwrap().holders[0]
+        .claim
+        .clone();
+    leases(&ns).delete(&claim_a, &Default::default()).await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(60), run_a.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(76));
+    assert!(
+        tokio::time::timeout(Duration::from_secs(60), run_b.wait())
+            .await
+            .unwrap()
+            .unwrap()
+            .success()
+    );
+    assert_eq!(ticks_after_b_started(&dir), 0, "a's CMD ran on after b started");
+}
+
+#[tokio::test]
 async fn sigkill_of_run_kills_cmd_and_the_next_holder_starts_after_expiry() {
     let ns = TestNs::new("sigkill").await;
     let _c = spawn_controller(&ns, "sigkill");
@@ -361,10 +431,11 @@ async fn pod_deleted_hands_the_lock_on_promptly() {
     ns.lock("l", spec(60)).await;
     let dir = scratch("poddel");
     let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, kubeconfig()).await;
-    // Play the kubelet: stop the pod's processes, then remove the Pod object.
+    // Play the kubelet: stop the pod's processes, report it, then remove the object.
     run_a.kill().await.unwrap();
     let _ = run_a.wait().await;
     let deleted = Instant::now();
+    ns.stop_containers("a").await;
     ns.delete_pod("a").await;
     wait_log(&dir, "b starts", |l| l.len() >= 2).await;
     assert!(

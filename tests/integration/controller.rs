@@ -68,6 +68,7 @@ async fn holder_pod_deleted_or_finished_revokes_at_once() {
     claim(&ns, "l", &c, 120).await;
     ns.wait_lock("l", "c waits", |l| queue(l) == ["b", "c"]).await;
 
+    ns.stop_containers("a").await;
     ns.delete_pod("a").await;
     let l = ns
         .wait_lock("l", "b holds after a's pod is gone", |l| holders(l) == ["b"])
@@ -85,6 +86,42 @@ async fn holder_pod_deleted_or_finished_revokes_at_once() {
         (reasons.iter().filter(|r| *r == "Revoked").count() == 2).then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_force_deleted_holder_pod_holds_its_slot_back_for_a_lease() {
+    let ns = TestNs::new("forcedel").await;
+    let _c = spawn_controller(&ns, "forcedel");
+    let lease = 3;
+    ns.lock("l", spec(lease, 1)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    claim(&ns, "l", &a, lease).await;
+    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    let cb = claim(&ns, "l", &b, lease).await;
+    let _rb = keep_renewing(&ns, &cb, Duration::from_millis(500));
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    // No kubelet said a's containers stopped: the object is simply removed.
+    let deleted = Instant::now();
+    ns.delete_pod("a").await;
+    let l = ns
+        .wait_lock("l", "a revoked but its slot held back", |l| {
+            l.status
+                .as_ref()
+                .is_some_and(|s| s.holders.iter().any(|h| h.revoked.is_some()))
+        })
+        .await;
+    assert_eq!(holders(&l), ["a"]);
+    assert_eq!(
+        l.status.unwrap().holders[0].revoked.as_ref().unwrap().reason,
+        RevokeReason::PodGone
+    );
+    ns.wait_lock("l", "b holds after the hold-back", |l| holders(l) == ["b"])
+        .await;
+    assert!(
+        deleted.elapsed() >= Duration::from_secs(lease as u64),
+        "the slot passed on {:?} after a's pod object went, before a could have stopped itself",
+        deleted.elapsed()
+    );
 }
 
 #[tokio::test]

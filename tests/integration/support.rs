@@ -131,6 +131,19 @@ impl TestNs {
             .expect("set pod phase");
     }
 
+    /// Play the kubelet stopping a pod: report its container terminated (what a kubelet
+    /// does before a graceful deletion removes the object).
+    pub async fn stop_containers(&self, pod: &str) {
+        let patch = serde_json::json!({"status": {"containerStatuses": [{
+            "name": "app", "image": "leasehold:dev", "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"terminated": {"exitCode": 0}},
+        }]}});
+        self.pods()
+            .patch_status(pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("report the pod's containers terminated");
+    }
+
     /// Delete a pod (unscheduled pods go at once).
     pub async fn delete_pod(&self, pod: &str) {
         self.pods().delete(pod, &Default::default()).await.expect("delete pod");
