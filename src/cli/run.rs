@@ -19,7 +19,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::client::{Error as ClientError, Lock};
 use crate::protocol::timing::safety_margin;
-use crate::supervise::{KILL_TIMEOUT, KILL_TREE_SIGNAL};
+use crate::supervise::{FORWARD_TERM_SIGNAL, KILL_TIMEOUT, KILL_TREE_SIGNAL};
 
 /// Exit status when `--timeout` passed before the lock was granted (EX_TEMPFAIL).
 pub const EXIT_TIMEOUT: u8 = 75;
@@ -94,12 +94,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let status = loop {
         tokio::select! {
             status = child.wait() => break status?,
-            _ = term.recv() => { let _ = kill(pid, Signal::SIGTERM); }
+            _ = term.recv() => { let _ = kill(pid, FORWARD_TERM_SIGNAL); }
             _ = int.recv() => { let _ = kill(pid, Signal::SIGINT); }
             _ = guard.lost() => {
                 let grace = safety_margin(guard.lease_duration());
                 eprintln!("leasehold: lost lock {}: stopping the command (SIGKILL in {grace:?})", args.lock);
-                let _ = kill(pid, Signal::SIGTERM);
+                let _ = kill(pid, FORWARD_TERM_SIGNAL);
                 if tokio::time::timeout(grace, child.wait()).await.is_err() {
                     // The supervisor kills CMD's whole tree, then exits.
                     let _ = kill(pid, KILL_TREE_SIGNAL);

@@ -7,16 +7,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
 
 use super::guard::{Guard, Held};
 use super::session::{LostReason, Session};
+use super::watch::{LockWatch, Seen};
 use super::{Error, WaitStatus, identity_from_env};
 use crate::api::{DEFAULT_LEASE_DURATION_SECONDS, DistributedLock};
+use crate::protocol::timing::renew_interval;
 use crate::protocol::{PodIdentity, granted_token};
 
 /// How long `try_acquire` waits for the controller to place its claim.
@@ -161,13 +161,14 @@ impl Lock {
             .map(|l| l.spec.lease_duration_seconds)
             .unwrap_or(DEFAULT_LEASE_DURATION_SECONDS);
         // Watch first, so no status change between create and watch is missed.
-        let fields = format!("metadata.name={}", self.name);
-        let mut events = watcher(locks, watcher::Config::default().fields(&fields))
-            .default_backoff()
-            .applied_objects()
-            .boxed();
+        let lease = Duration::from_secs(secs.max(1) as u64);
+        let mut events = LockWatch::start(locks, &self.name, renew_interval(lease));
         let (session, renewal) = Session::create(leases, &self.name, &self.identity, secs).await?;
-        match self.wait_grant(&mut events, &session, &mode).await {
+        // If this future is dropped from here on, the claim is withdrawn.
+        let mut withdraw = Withdraw(Some(session.clone()));
+        let outcome = self.wait_grant(&mut events, &session, &mode).await;
+        withdraw.0 = None;
+        match outcome {
             Ok(Outcome::Granted(token)) => {
                 let held = Arc::new(Held {
                     session,
@@ -191,12 +192,7 @@ impl Lock {
         }
     }
 
-    async fn wait_grant(
-        &self,
-        events: &mut (impl Stream<Item = Result<DistributedLock, watcher::Error>> + Unpin),
-        session: &Session,
-        mode: &Mode,
-    ) -> Result<Outcome, Error> {
+    async fn wait_grant(&self, events: &mut LockWatch, session: &Session, mode: &Mode) -> Result<Outcome, Error> {
         let claim = session.claim.as_str();
         let until = match mode {
             Mode::Wait => None,
@@ -212,9 +208,9 @@ impl Lock {
                 }
             };
             let lock = tokio::select! {
-                ev = events.next() => match ev {
-                    Some(Ok(lock)) => lock,
-                    Some(Err(e)) => { tracing::debug!(error = %e, "lock watch error; retrying"); continue }
+                seen = events.next() => match seen {
+                    Some(Seen::Lock(lock)) => lock,
+                    Some(Seen::Gone) => continue, // the claim waits for the lock to exist
                     None => return Err(Error::Watch(self.name.clone())),
                 },
                 _ = session.lost() => return Err(Error::ClaimLost(claim.into())),
@@ -223,7 +219,7 @@ impl Lock {
                     _ => TRY_ACQUIRE_TIMEOUT,
                 })),
             };
-            let status = lock.status.unwrap_or_default();
+            let status = lock.status.clone().unwrap_or_default();
             if let Some(token) = granted_token(&status, claim) {
                 return Ok(Outcome::Granted(token));
             }
@@ -247,27 +243,50 @@ impl Lock {
 }
 
 /// After a grant: report the session lost as soon as the lock's status no longer
-/// grants the claim.
-fn watch_revocation(
-    mut events: impl Stream<Item = Result<DistributedLock, watcher::Error>> + Unpin + Send + 'static,
-    session: Arc<Session>,
-) {
+/// grants the claim, or the lock is deleted.
+fn watch_revocation(mut events: LockWatch, session: Arc<Session>) {
     tokio::spawn(async move {
         let mut state = session.state();
         loop {
-            let lock = tokio::select! {
+            let seen = tokio::select! {
                 _ = state.wait_for(|s| *s != super::State::Live) => return,
-                ev = events.next() => match ev {
-                    Some(Ok(lock)) => lock,
-                    Some(Err(_)) => continue,
+                seen = events.next() => match seen {
+                    Some(seen) => seen,
                     None => return,
                 },
             };
-            if granted_token(&lock.status.unwrap_or_default(), &session.claim).is_none() {
-                tracing::warn!(claim = session.claim, "the controller revoked the grant");
-                session.lose(LostReason::Revoked);
-                return;
-            }
+            let reason = match seen {
+                Seen::Gone => LostReason::LockDeleted,
+                Seen::Lock(lock) if !grants(&lock, &session.claim) => LostReason::Revoked,
+                Seen::Lock(_) => continue,
+            };
+            tracing::warn!(claim = session.claim, ?reason, "the grant is gone");
+            session.lose(reason);
+            return;
         }
     });
+}
+
+fn grants(lock: &DistributedLock, claim: &str) -> bool {
+    lock.status.as_ref().is_some_and(|s| granted_token(s, claim).is_some())
+}
+
+/// Withdraws a claim whose acquisition was abandoned: dropped while waiting (a
+/// `timeout` or `select!` around `acquire`), the claim stops being renewed at once and
+/// is marked released, so the controller never grants it to a process that no longer
+/// waits for it.
+struct Withdraw(Option<Arc<Session>>);
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        let Some(session) = self.0.take() else { return };
+        session.finish();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = session.release_mark().await {
+                    tracing::warn!(claim = session.claim, error = %e, "withdrawing an abandoned claim failed; it will expire");
+                }
+            });
+        }
+    }
 }

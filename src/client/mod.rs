@@ -34,6 +34,7 @@
 mod guard;
 mod lock;
 mod session;
+mod watch;
 
 use std::time::Duration;
 

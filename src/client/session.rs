@@ -39,6 +39,8 @@ pub enum LostReason {
     ClaimGone,
     /// Renewals failed for so long that the controller might expire the claim.
     RenewalsFailed,
+    /// The DistributedLock was deleted.
+    LockDeleted,
 }
 
 /// One claim, renewed by a background task until it ends or is lost.
@@ -124,6 +126,11 @@ impl Session {
     /// timeout: when it cannot be written, the claim expires instead).
     pub async fn end(&self) -> Result<(), Error> {
         self.finish();
+        self.release_mark().await
+    }
+
+    /// Write the release mark (bounded by the renewal timeout).
+    pub async fn release_mark(&self) -> Result<(), Error> {
         let limit = renew_timeout(self.lease);
         tokio::time::timeout(limit, mark_released(&self.leases, &self.claim))
             .await

@@ -149,6 +149,7 @@ impl Tracker {
         let key = (lease.namespace().unwrap_or_default(), lease.name_any());
         Arrival {
             created_secs: lease.creation_timestamp().map(|t| t.0.as_second()).unwrap_or_default(),
+            requested_micros: crate::protocol::claim::requested_micros(lease),
             seen_seq: self.claims.get(&key).map(|s| s.seq).unwrap_or(u64::MAX),
         }
     }

@@ -120,6 +120,7 @@ impl Model {
                     pod_uid: uid,
                     arrival: Arrival {
                         created_secs: 0,
+                        requested_micros: 0,
                         seen_seq: self.made.len() as u64,
                     },
                     released: false,

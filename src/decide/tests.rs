@@ -57,6 +57,7 @@ impl Fixture {
             pod_uid: uid(name),
             arrival: Arrival {
                 created_secs: 0,
+                requested_micros: 0,
                 seen_seq: self.seq,
             },
             released: false,

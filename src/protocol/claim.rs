@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::timing::MAX_LEASE_SECONDS;
-use super::{FENCING_TOKEN_ANNOTATION, LOCK_LABEL, POD_UID_ANNOTATION, RELEASED_ANNOTATION};
+use super::{FENCING_TOKEN_ANNOTATION, LOCK_LABEL, POD_UID_ANNOTATION, RELEASED_ANNOTATION, REQUESTED_AT_ANNOTATION};
 
 /// The identity of the process making a claim: its pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +38,10 @@ pub fn claim_lease(name: &str, lock: &str, pod: &PodIdentity, lease_duration_sec
             name: Some(name.into()),
             namespace: Some(pod.namespace.clone()),
             labels: Some(BTreeMap::from([(LOCK_LABEL.into(), lock.into())])),
-            annotations: Some(BTreeMap::from([(POD_UID_ANNOTATION.into(), pod.uid.clone())])),
+            annotations: Some(BTreeMap::from([
+                (POD_UID_ANNOTATION.into(), pod.uid.clone()),
+                (REQUESTED_AT_ANNOTATION.into(), Timestamp::now().to_string()),
+            ])),
             owner_references: Some(vec![OwnerReference {
                 api_version: "v1".into(),
                 kind: "Pod".into(),
@@ -141,6 +144,14 @@ pub fn is_released(lease: &Lease) -> bool {
         .is_some_and(|v| v == "true")
 }
 
+/// The microseconds within its second of the claim's requested-at time (0 when absent
+/// or unreadable).
+pub fn requested_micros(lease: &Lease) -> u32 {
+    let at = lease.annotations().get(REQUESTED_AT_ANNOTATION);
+    let at = at.and_then(|t| t.parse::<Timestamp>().ok());
+    at.map_or(0, |t| (t.subsec_nanosecond() / 1000) as u32)
+}
+
 /// The lease the claim says its process lives by, in seconds: 0 when absent or
 /// negative, and at most [`MAX_LEASE_SECONDS`] (the API's own maximum), so a claim
 /// cannot keep a slot for longer than any lock could.
@@ -205,6 +216,19 @@ mod tests {
         assert_eq!(claim_lease_seconds(&huge), MAX_LEASE_SECONDS);
         let negative = claim_lease("l-1", "l", &pod(), -5);
         assert_eq!(claim_lease_duration(&negative), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_requested_at_annotation_gives_the_sub_second_order() {
+        let mut lease = claim_lease("l-1", "l", &pod(), 15);
+        let set = |lease: &mut Lease, v: &str| {
+            let annotations = lease.metadata.annotations.get_or_insert_default();
+            annotations.insert(REQUESTED_AT_ANNOTATION.into(), v.into());
+        };
+        set(&mut lease, "2026-11-23T09:00:01.250000Z");
+        assert_eq!(requested_micros(&lease), 250_000);
+        set(&mut lease, "yesterday");
+        assert_eq!(requested_micros(&lease), 0, "garbled: no sub-second order");
     }
 
     #[test]

@@ -59,6 +59,10 @@ pub const LOCK_LABEL: &str = "leasehold.dev/lock";
 pub const POD_UID_ANNOTATION: &str = "leasehold.dev/pod-uid";
 /// Annotation a client sets to `"true"` on its claim to release the lock (or withdraw).
 pub const RELEASED_ANNOTATION: &str = "leasehold.dev/released";
+/// Annotation a client sets on its claim at creation: when it asked (RFC 3339, with
+/// microseconds). Only its sub-second part is used, to order claims created within
+/// the same second of the API server's clock.
+pub const REQUESTED_AT_ANNOTATION: &str = "leasehold.dev/requested-at";
 /// Annotation the controller stamps on a granted claim: the grant's fencing token.
 pub const FENCING_TOKEN_ANNOTATION: &str = "leasehold.dev/fencing-token";
 

@@ -8,10 +8,10 @@
 //! `leasehold guard --supervise -- CMD` is what `leasehold run` starts: signalling one
 //! PID is not enough there, since CMD's own children (`sh -c 'job &'`) would run on
 //! after the grant. The supervisor stays CMD's parent: it becomes a child subreaper,
-//! starts CMD in a process group of its own, forwards SIGTERM/SIGINT to that group,
-//! kills CMD's whole process tree on [`KILL_TREE_SIGNAL`], when its own parent dies
-//! (parent-death signal SIGTERM, checked against its parent pid) and after CMD exits
-//! (so nothing CMD left behind outlives the grant), and exits with CMD's status.
+//! starts CMD in a process group of its own, passes [`FORWARD_TERM_SIGNAL`] (as
+//! SIGTERM) and SIGINT on to that group, kills CMD's whole process tree on
+//! [`KILL_TREE_SIGNAL`], on SIGTERM (its parent-death signal) and after CMD exits (so
+//! nothing CMD left behind outlives the grant), and exits with CMD's status.
 //!
 //! The parent-death signal fires when the *thread* that forked the child ends, so
 //! spawn guarded children from a thread that lives as long as the parent needs them.
@@ -30,6 +30,11 @@ pub use tree::KILL_TIMEOUT;
 
 /// The signal `leasehold run` sends the supervisor to kill CMD's whole process tree.
 pub const KILL_TREE_SIGNAL: Signal = Signal::SIGUSR1;
+/// The signal `leasehold run` sends the supervisor to pass SIGTERM on to CMD's group.
+/// (SIGTERM itself means the parent died: the parent-death signal also fires when
+/// only the parent's *thread* that started us exits, before the whole process is
+/// gone, so the parent pid cannot tell the two apart.)
+pub const FORWARD_TERM_SIGNAL: Signal = Signal::SIGUSR2;
 
 /// Environment variable carrying the pid of the process that started the guard.
 pub const PARENT_ENV: &str = "LEASEHOLD_GUARD_PARENT";
@@ -82,6 +87,7 @@ pub fn supervise(argv: &[OsString]) -> std::io::Result<u8> {
     runtime.block_on(async {
         let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
         let mut kill_tree = signal(SignalKind::from_raw(KILL_TREE_SIGNAL as i32))?;
+        let mut forward_term = signal(SignalKind::from_raw(FORWARD_TERM_SIGNAL as i32))?;
         let mut child = tokio::process::Command::new(program)
             .args(args)
             .env_remove(PARENT_ENV)
@@ -91,13 +97,8 @@ pub fn supervise(argv: &[OsString]) -> std::io::Result<u8> {
         let status = loop {
             tokio::select! {
                 status = child.wait() => break status?,
-                _ = term.recv() => {
-                    if parent_gone(parent) {
-                        tree::kill_descendants(Some(cmd));
-                    } else {
-                        let _ = killpg(cmd, Signal::SIGTERM);
-                    }
-                }
+                _ = term.recv() => { tree::kill_descendants(Some(cmd)); }
+                _ = forward_term.recv() => { let _ = killpg(cmd, Signal::SIGTERM); }
                 _ = int.recv() => { let _ = killpg(cmd, Signal::SIGINT); }
                 _ = kill_tree.recv() => { tree::kill_descendants(Some(cmd)); }
             }

@@ -239,6 +239,37 @@ async fn forced_release_holds_the_slot_back_for_a_lease_duration() {
 }
 
 #[tokio::test]
+async fn claims_made_within_one_second_keep_their_order_across_a_controller_start() {
+    let ns = TestNs::new("fifosec").await;
+    ns.lock("l", spec(15, 1)).await;
+    let (z, a) = (ns.pod("zzz").await, ns.pod("aaa").await);
+    // No controller runs: both claims wait to be listed at once, l-zzz made first.
+    loop {
+        let first = leasehold::protocol::claim::claim_lease("l-zzz", "l", &z, 15);
+        let second = leasehold::protocol::claim::claim_lease("l-aaa", "l", &a, 15);
+        let first = leases(&ns).create(&PostParams::default(), &first).await.unwrap();
+        let second = leases(&ns).create(&PostParams::default(), &second).await.unwrap();
+        if first.metadata.creation_timestamp == second.metadata.creation_timestamp {
+            break; // within one second of the API server's clock: the case to test
+        }
+        for name in ["l-zzz", "l-aaa"] {
+            leases(&ns).delete(name, &Default::default()).await.unwrap();
+        }
+        wait_for("both claims deleted", DEADLINE, || async {
+            let list = leases(&ns).list(&Default::default()).await.unwrap();
+            list.items.is_empty().then_some(())
+        })
+        .await;
+    }
+    let _c = spawn_controller(&ns, "fifosec");
+    let l = ns
+        .wait_lock("l", "the claims placed", |l| holders(l).len() + queue(l).len() == 2)
+        .await;
+    assert_eq!(holders(&l), ["zzz"], "the first claim made is granted first");
+    assert_eq!(queue(&l), ["aaa"]);
+}
+
+#[tokio::test]
 async fn semaphore_with_max_holders_three() {
     let ns = TestNs::new("sema").await;
     let _c = spawn_controller(&ns, "sema");

@@ -9,6 +9,7 @@ mod controller;
 mod examples;
 mod ha;
 mod harness;
+mod library;
 mod proxy;
 mod smoke;
 mod support;

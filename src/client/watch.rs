@@ -1,0 +1,98 @@
+//! What the client sees of its DistributedLock: watch events, backed by a fresh read
+//! every so often, so that a watch stalled on a dead connection delays nothing for
+//! longer than that period (kube's own idle timeout is minutes).
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher as watch_stream};
+use tokio::time::{Interval, MissedTickBehavior};
+
+use crate::api::DistributedLock;
+
+/// One observation of the lock.
+#[derive(Debug)]
+pub(crate) enum Seen {
+    /// The lock as it stands.
+    Lock(Box<DistributedLock>),
+    /// The lock does not exist (deleted, or not yet created).
+    Gone,
+}
+
+/// A watch on one DistributedLock with a periodic fresh read behind it.
+pub(crate) struct LockWatch {
+    api: Api<DistributedLock>,
+    name: String,
+    events: BoxStream<'static, Result<Event<DistributedLock>, watcher::Error>>,
+    check: Interval,
+    /// Whether the current (re)list showed the lock.
+    listed: bool,
+    /// The newest resourceVersion passed on, so an older observation is never
+    /// passed on after a newer one (a fresh read can overtake buffered events).
+    newest: u64,
+}
+
+impl LockWatch {
+    /// Watch lock `name`, reading it afresh every `check_every`.
+    pub fn start(api: Api<DistributedLock>, name: &str, check_every: Duration) -> Self {
+        let fields = format!("metadata.name={name}");
+        let events = watch_stream(api.clone(), watcher::Config::default().fields(&fields))
+            .default_backoff()
+            .boxed();
+        let mut check = tokio::time::interval_at(tokio::time::Instant::now() + check_every, check_every);
+        check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        LockWatch {
+            api,
+            name: name.into(),
+            events,
+            check,
+            listed: false,
+            newest: 0,
+        }
+    }
+
+    /// The next observation; `None` once the watch has ended for good.
+    pub async fn next(&mut self) -> Option<Seen> {
+        loop {
+            let seen = tokio::select! {
+                ev = self.events.next() => match ev? {
+                    Ok(Event::Apply(lock) | Event::InitApply(lock)) => {
+                        self.listed = true;
+                        Seen::Lock(Box::new(lock))
+                    }
+                    Ok(Event::Delete(_)) => Seen::Gone,
+                    Ok(Event::Init) => {
+                        self.listed = false;
+                        continue;
+                    }
+                    Ok(Event::InitDone) if !self.listed => Seen::Gone,
+                    Ok(Event::InitDone) => continue,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "lock watch error; retrying");
+                        continue;
+                    }
+                },
+                _ = self.check.tick() => match self.api.get_opt(&self.name).await {
+                    Ok(Some(lock)) => Seen::Lock(Box::new(lock)),
+                    Ok(None) => Seen::Gone,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "reading the lock failed; retrying");
+                        continue;
+                    }
+                },
+            };
+            if let Seen::Lock(lock) = &seen {
+                match lock.resource_version().and_then(|v| v.parse::<u64>().ok()) {
+                    Some(v) if v < self.newest => continue,
+                    Some(v) => self.newest = v,
+                    None => {}
+                }
+            }
+            return Some(seen);
+        }
+    }
+}

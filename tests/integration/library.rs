@@ -1,0 +1,79 @@
+//! The client library's lifecycle against the real API server: abandoned acquisitions,
+//! a deleted lock, and a waiter whose watch stalls.
+
+use std::time::Duration;
+
+use leasehold::api::DistributedLockSpec;
+use leasehold::client::{Lock, LostReason, State};
+use leasehold::protocol::PodIdentity;
+
+use crate::support::*;
+
+fn spec(lease: i32) -> DistributedLockSpec {
+    DistributedLockSpec {
+        lease_duration_seconds: lease,
+        max_holders: 1,
+    }
+}
+
+fn lock_for(client: kube::Client, ns: &TestNs, pod: PodIdentity) -> Lock {
+    Lock::builder(client, &ns.name, "l").identity(pod).build().unwrap()
+}
+
+#[tokio::test]
+async fn an_acquire_dropped_while_waiting_withdraws_its_claim() {
+    let ns = TestNs::new("dropacq").await;
+    let _c = spawn_controller(&ns, "dropacq");
+    ns.lock("l", spec(15)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let guard = lock_for(ns.client.clone(), &ns, a).acquire().await.unwrap();
+    let lock_b = lock_for(ns.client.clone(), &ns, b);
+    let waited = tokio::time::timeout(Duration::from_millis(1500), lock_b.acquire()).await;
+    assert!(waited.is_err(), "b cannot have the lock while a holds it");
+    ns.wait_lock("l", "b's abandoned claim leaves the queue", |l| queue(l).is_empty())
+        .await;
+    guard.release().await.unwrap();
+    ns.wait_lock("l", "nobody holds the lock", |l| holders(l).is_empty())
+        .await;
+}
+
+#[tokio::test]
+async fn deleting_the_lock_revokes_its_holder() {
+    let ns = TestNs::new("lockdel").await;
+    let _c = spawn_controller(&ns, "lockdel");
+    ns.lock("l", spec(15)).await;
+    let a = ns.pod("a").await;
+    let guard = lock_for(ns.client.clone(), &ns, a).acquire().await.unwrap();
+    ns.locks().delete("l", &Default::default()).await.unwrap();
+    tokio::time::timeout(DEADLINE, guard.lost())
+        .await
+        .expect("lost() fires when the lock is deleted");
+    assert_eq!(*guard.state().borrow(), State::Lost(LostReason::LockDeleted));
+}
+
+#[tokio::test]
+async fn a_waiter_whose_watch_stalls_is_granted_within_a_lease() {
+    let ns = TestNs::new("stallwait").await;
+    let _c = spawn_controller(&ns, "stallwait");
+    let lease = 3;
+    ns.lock("l", spec(lease)).await;
+    let dir = std::env::temp_dir().join(format!("leasehold-test-stallwait-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
+    let watches = leasehold::kubeconfig::client_for(&proxied).await.unwrap();
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let guard = lock_for(ns.client.clone(), &ns, a).acquire().await.unwrap();
+    let lock_b = lock_for(split_client(ns.client.clone(), watches), &ns, b);
+    let waiting = tokio::spawn(async move { lock_b.acquire().await.map(|g| g.fencing_token()) });
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    // b's watch stalls on a connection that answers nothing; then a releases.
+    proxy.freeze_open();
+    guard.release().await.unwrap();
+    let token = tokio::time::timeout(Duration::from_secs(2 * lease as u64), waiting)
+        .await
+        .expect("b learns of its grant within a lease, though its watch is stalled")
+        .unwrap()
+        .unwrap();
+    assert_eq!(token, 2);
+    proxy.thaw();
+}
