@@ -133,6 +133,10 @@ pub struct Holder {
     /// so editing the lock cannot shorten the wait for a holder granted under a longer one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_duration_seconds: Option<i32>,
+    /// The SHA-256 hash of the claim's release secret, recorded when the claim was first
+    /// queued: only a release mark with the matching secret frees the slot at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_hash: Option<String>,
     /// Set only while a revoked holder's slot is held back: its claim was taken away
     /// while its pod lives, so the slot passes on once the pod is gone or one lease
     /// duration has passed, by when the holder has stopped itself.
@@ -162,7 +166,8 @@ pub enum RevokeReason {
     PodFinished,
     /// The holder's claim was not renewed within its lease duration plus a grace.
     Expired,
-    /// Someone other than the holder deleted its claim while its pod lives.
+    /// Someone other than the holder deleted its claim, or wrote a release mark without
+    /// its secret, while its pod lives.
     ForceReleased,
 }
 
@@ -192,4 +197,7 @@ pub struct Waiter {
     pub pod_uid: String,
     /// When the controller first queued the claim (its clock; informational).
     pub requested_at: Time,
+    /// The SHA-256 hash of the claim's release secret, recorded when it was queued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_hash: Option<String>,
 }

@@ -21,8 +21,8 @@
 //! Files: `session` (create, renew, the two sources of loss), `lock` (acquire, try,
 //! timeout, reentrancy) and `guard` (the held grant).
 //!
-//! A pod needs the downward API in its env and RBAC to create/get/update/delete
-//! leases, get/list/watch distributedlocks and get pods (see `examples/rbac.yaml`):
+//! A pod needs the downward API in its env and RBAC to create and patch leases and
+//! get/list/watch distributedlocks (see `examples/rbac.yaml`):
 //!
 //! ```yaml
 //! env:

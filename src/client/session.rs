@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::Error;
 use crate::protocol::claim::{self, PodIdentity};
+use crate::protocol::release::Secret;
 use crate::protocol::timing::{client_stop_by, renew_interval, renew_timeout};
 
 /// Where a claim's session stands.
@@ -50,6 +51,8 @@ pub(crate) struct Session {
     pub claim: String,
     /// The lease duration the claim lives by.
     pub lease: Duration,
+    /// The secret whose hash the claim carries: revealing it releases the claim.
+    secret: Secret,
     leases: Api<Lease>,
     state: watch::Sender<State>,
 }
@@ -66,7 +69,8 @@ impl Session {
     ) -> Result<(Arc<Session>, JoinHandle<()>), Error> {
         let name = claim::claim_name(lock);
         let lease = Duration::from_secs(lease_secs.max(1) as u64);
-        let obj = claim::claim_lease(&name, lock, identity, lease_secs);
+        let secret = Secret::generate();
+        let obj = claim::claim_lease_with(&name, lock, identity, lease_secs, Some(&secret));
         // The first deadline counts from when the create was sent, like every renewal's.
         let sent = Instant::now();
         leases
@@ -77,6 +81,7 @@ impl Session {
         let session = Arc::new(Session {
             claim: name,
             lease,
+            secret,
             leases,
             state,
         });
@@ -132,15 +137,15 @@ impl Session {
     /// Write the release mark (bounded by the renewal timeout).
     pub async fn release_mark(&self) -> Result<(), Error> {
         let limit = renew_timeout(self.lease);
-        tokio::time::timeout(limit, mark_released(&self.leases, &self.claim))
+        tokio::time::timeout(limit, mark_released(&self.leases, &self.claim, &self.secret))
             .await
             .map_err(|_| Error::ReleaseTimeout(limit))?
     }
 }
 
 /// Mark a claim released; a claim that is already gone counts as released.
-async fn mark_released(leases: &Api<Lease>, name: &str) -> Result<(), Error> {
-    let patch = Patch::Merge(claim::release_patch());
+async fn mark_released(leases: &Api<Lease>, name: &str, secret: &Secret) -> Result<(), Error> {
+    let patch = Patch::Merge(claim::release_patch_with(secret));
     match leases.patch(name, &PatchParams::default(), &patch).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),

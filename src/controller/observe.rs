@@ -13,9 +13,10 @@ use kube::runtime::reflector::Store;
 
 use super::context::Context;
 use super::tracker::Tracker;
-use crate::api::{DistributedLock, Holder};
+use crate::api::{DistributedLock, DistributedLockStatus, Holder};
 use crate::decide::{ClaimView, Decision, PodView, World, decide};
 use crate::protocol::claim;
+use crate::protocol::release::{self, Mark};
 use crate::protocol::timing::MAX_LEASE_SECONDS;
 
 /// What one decision plans, with when to look again.
@@ -61,7 +62,12 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         } else {
             deadlines.push(expires);
         }
-        let view = claim_view(lease_obj, pod, uid, expired, &tracker);
+        let view = claim_view(lease_obj, pod, uid, expired, &status, &tracker);
+        if view.forged {
+            let note = "the claim's release mark does not match its release hash: written by someone \
+                        other than its process; a holder is revoked with its slot held back, a waiter is dropped";
+            warnings.push((lease_obj.clone(), "ForgedRelease", note.to_string()));
+        }
         if view.released {
             released_seen.push((view.name.clone(), tracker.released_at(lease_obj)));
         }
@@ -155,14 +161,33 @@ pub fn claims_of(store: &Store<Lease>, lock: &DistributedLock) -> Vec<Arc<Lease>
         .collect()
 }
 
-/// One claim turned into the decide core's view.
-pub fn claim_view(lease: &Lease, pod: String, pod_uid: String, expired: bool, tracker: &Tracker) -> ClaimView {
+/// One claim turned into the decide core's view. Its release mark is judged against
+/// the hash recorded in `status` when it was queued (its own, if not queued yet).
+pub fn claim_view(
+    lease: &Lease,
+    pod: String,
+    pod_uid: String,
+    expired: bool,
+    status: &DistributedLockStatus,
+    tracker: &Tracker,
+) -> ClaimView {
+    let name = lease.name_any();
+    let holder = status.holders.iter().find(|h| h.claim == name);
+    let waiter = status.queue.iter().find(|w| w.claim == name);
+    let recorded = match (holder, waiter) {
+        (Some(h), _) => h.release_hash.clone(),
+        (None, Some(w)) => w.release_hash.clone(),
+        (None, None) => release::claim_hash(lease),
+    };
+    let mark = release::judge(lease, recorded.as_deref());
     ClaimView {
-        name: lease.name_any(),
+        name,
         pod,
         pod_uid,
         arrival: tracker.arrival(lease),
-        released: claim::is_released(lease),
+        released: mark == Mark::Valid,
+        forged: mark == Mark::Forged,
+        release_hash: recorded,
         expired,
         lease_seconds: claim::claim_lease_seconds(lease),
     }

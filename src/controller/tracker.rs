@@ -62,7 +62,7 @@ impl Tracker {
         let key = (lease.namespace().unwrap_or_default(), lease.name_any());
         let renewed = renew_time(lease);
         let epoch = self.epoch;
-        let released = crate::protocol::claim::is_released(lease).then_some(now);
+        let released = crate::protocol::claim::has_release_mark(lease).then_some(now);
         match self.claims.get_mut(&key) {
             Some(seen) if seen.renew_time == renewed => {
                 seen.epoch = epoch;

@@ -15,6 +15,9 @@
 //!   and one whose claim vanished without the released mark while its pod lives
 //!   (*force-released*), is marked `revoked` and keeps its slot until its pod is known
 //!   stopped or the caller says its hold-back delay elapsed.
+//! * A release mark its owner did not write (see [`crate::protocol::release`]) counts
+//!   as a forced release: a holder keeps its slot held back, a waiter is dropped (as if
+//!   its claim had been deleted) and its claim deleted.
 //! * `status.queue` is the durable FIFO order; claims not yet in it are appended by
 //!   their arrival key. While fewer than `maxHolders` slots are occupied, the head of
 //!   the queue is granted with the next fencing token.
@@ -126,11 +129,12 @@ fn decide_holders<'w>(
             continue;
         }
         let expired = claim.is_some_and(|c| c.expired);
+        let forged = claim.is_some_and(|c| c.forged);
         let (reason, held_back) = match live {
             Liveness::Stopped(r) => (r, false),
             // The claim expired: its process stopped itself before we could judge so.
             Liveness::Unknown(r) => (r, !expired),
-            Liveness::Alive if claim.is_none() => (RevokeReason::ForceReleased, true),
+            Liveness::Alive if claim.is_none() || (forged && !expired) => (RevokeReason::ForceReleased, true),
             Liveness::Alive if expired => (RevokeReason::Expired, false),
             Liveness::Alive => {
                 kept.push(h.clone());
@@ -167,6 +171,7 @@ fn decide_queue<'w>(
         let reason = match claims.get(w.claim.as_str()) {
             None => Some(DropReason::ClaimGone),
             Some(c) if c.released => Some(DropReason::Withdrawn),
+            Some(c) if c.forged => Some(DropReason::ForgedRelease),
             Some(c) if c.expired => Some(DropReason::Expired),
             Some(_) => drop_reason(liveness(world, &w.pod, &w.pod_uid)),
         };
@@ -191,7 +196,7 @@ fn decide_queue<'w>(
         if !known.insert(c.name.as_str()) {
             continue; // two claims of one name: only the first counts
         }
-        if c.released || c.expired {
+        if c.released || c.forged || c.expired {
             d.delete_claims.push(c.name.clone());
             continue;
         }
@@ -212,6 +217,7 @@ fn decide_queue<'w>(
             pod: c.pod.clone(),
             pod_uid: c.pod_uid.clone(),
             requested_at: Time(world.now),
+            release_hash: c.release_hash.clone(),
         });
         d.actions
             .push(Action::new(&c.name, &c.pod, ActionKind::Enqueued(queue.len())));
@@ -236,6 +242,7 @@ fn grant(world: &World<'_>, d: &mut Decision) {
             fencing_token: token,
             granted_at: Time(world.now),
             lease_duration_seconds: lease.filter(|l| *l > 0),
+            release_hash: w.release_hash.clone(),
             revoked: None,
         });
         d.actions

@@ -32,8 +32,14 @@ pub struct ClaimView {
     pub pod_uid: String,
     /// Its arrival key, for FIFO order among new claims.
     pub arrival: Arrival,
-    /// The process marked the claim released (or withdrew it while waiting).
+    /// The process marked the claim released (or withdrew it while waiting), with a
+    /// mark that proves it is the claim's owner.
     pub released: bool,
+    /// The claim carries a release mark its owner did not write (see
+    /// [`crate::protocol::release`]).
+    pub forged: bool,
+    /// The hash of the claim's release secret, to record when it is queued.
+    pub release_hash: Option<String>,
     /// The caller judged the claim expired: not renewed for long enough.
     pub expired: bool,
     /// The lease the claim's process lives by, in seconds (as written on the claim,
@@ -80,6 +86,8 @@ pub enum DropReason {
     Withdrawn,
     /// Its claim was deleted.
     ClaimGone,
+    /// Someone other than its process wrote a release mark on its claim.
+    ForgedRelease,
     /// Its claim was not renewed in time.
     Expired,
     /// Its pod is gone.

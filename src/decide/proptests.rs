@@ -18,6 +18,8 @@ enum Event {
     Expire(usize),
     /// Someone deletes the j-th claim (a forced release if it holds the lock).
     ForceDelete(usize),
+    /// Someone other than its process writes a release mark on the j-th claim.
+    ForgeRelease(usize),
     /// Pod i is deleted; with `gc`, garbage collection also removes its claims. With
     /// `graceful`, the kubelet stopped its containers and said so first; without, the
     /// object is force-deleted and its processes may run on.
@@ -45,6 +47,7 @@ fn event() -> impl Strategy<Value = Event> {
         2 => any::<usize>().prop_map(Event::Release),
         1 => any::<usize>().prop_map(Event::Expire),
         1 => any::<usize>().prop_map(Event::ForceDelete),
+        1 => any::<usize>().prop_map(Event::ForgeRelease),
         1 => (0..PODS, any::<bool>(), any::<bool>()).prop_map(|(pod, gc, graceful)| Event::PodDies { pod, gc, graceful }),
         1 => (0..PODS, any::<bool>()).prop_map(|(pod, graceful)| Event::PodReplaced { pod, graceful }),
         1 => (0..PODS).prop_map(Event::PodFinishes),
@@ -124,6 +127,8 @@ impl Model {
                         seen_seq: self.made.len() as u64,
                     },
                     released: false,
+                    forged: false,
+                    release_hash: None,
                     expired: false,
                     lease_seconds: 15,
                 });
@@ -140,6 +145,12 @@ impl Model {
                         c.expired = true
                     }
                     self.stop_where(|p| p.claim == name);
+                }
+            }
+            Event::ForgeRelease(j) => {
+                let Some(name) = self.nth(j) else { return };
+                if let Some(c) = self.f.claims.iter_mut().find(|c| c.name == name) {
+                    c.forged = true; // its process runs on, unaware
                 }
             }
             Event::ForceDelete(j) => {
@@ -268,7 +279,7 @@ impl Model {
                 .pods
                 .get(&c.pod)
                 .is_some_and(|p| p.uid == c.pod_uid && !p.finished);
-            if live && !c.released && !c.expired {
+            if live && !c.released && !c.expired && !c.forged {
                 let held = d.status.holders.iter().any(|h| h.claim == c.name);
                 let queued = d.status.queue.iter().any(|w| w.claim == c.name);
                 assert!(held || queued, "live claim {} lost", c.name);

@@ -61,6 +61,8 @@ impl Fixture {
                 seen_seq: self.seq,
             },
             released: false,
+            forged: false,
+            release_hash: None,
             expired: false,
             lease_seconds: 15,
         });
@@ -78,6 +80,7 @@ impl Fixture {
             fencing_token: self.status.fencing_token,
             granted_at: Time(Timestamp::UNIX_EPOCH),
             lease_duration_seconds: Some(15),
+            release_hash: None,
             revoked: None,
         });
         self
@@ -91,6 +94,7 @@ impl Fixture {
             pod: name.into(),
             pod_uid: uid(name),
             requested_at: Time(Timestamp::UNIX_EPOCH),
+            release_hash: None,
         });
         self
     }
@@ -101,6 +105,12 @@ impl Fixture {
 
     pub fn released(mut self, name: &str) -> Self {
         self.claim_mut(name).released = true;
+        self
+    }
+
+    /// Someone other than its process wrote a release mark on claim `name`.
+    pub fn forged(mut self, name: &str) -> Self {
+        self.claim_mut(name).forged = true;
         self
     }
 
@@ -289,6 +299,27 @@ fn a_held_back_slot_passes_on_once_the_kubelet_reports_the_pod_stopped() {
     let mut f = f;
     f.stopped.insert("uid-a".into());
     assert_eq!(f.decide().holders(), ["b"]);
+}
+
+#[test]
+fn a_forged_release_of_a_holder_holds_its_slot_back_and_drops_a_waiter() {
+    let (f, d) = lock()
+        .held_by("a")
+        .queued("b")
+        .queued("c")
+        .forged("a")
+        .forged("c")
+        .then();
+    assert_eq!(d.revoked(), [("a", RevokeReason::ForceReleased)]);
+    assert_eq!(d.holders(), ["a"], "a's process may run on: its slot is held back");
+    assert_eq!(
+        d.queue(),
+        ["b"],
+        "a forged withdrawal drops the waiter, as deleting its claim would"
+    );
+    assert!(d.delete_claims.contains(&"c".to_string()));
+    assert!(d.delete_claims.contains(&"a".to_string()));
+    assert_eq!(f.hold_back_elapsed("a").decide().holders(), ["b"]);
 }
 
 #[test]

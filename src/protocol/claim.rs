@@ -8,8 +8,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Owne
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::release::Secret;
 use super::timing::MAX_LEASE_SECONDS;
-use super::{FENCING_TOKEN_ANNOTATION, LOCK_LABEL, POD_UID_ANNOTATION, RELEASED_ANNOTATION, REQUESTED_AT_ANNOTATION};
+use super::{
+    FENCING_TOKEN_ANNOTATION, LOCK_LABEL, POD_UID_ANNOTATION, RELEASE_HASH_ANNOTATION, RELEASED_ANNOTATION,
+    REQUESTED_AT_ANNOTATION,
+};
 
 /// The identity of the process making a claim: its pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,17 +35,34 @@ pub fn claim_name(lock: &str) -> String {
     format!("{}-{suffix}", head.trim_end_matches(['-', '.']))
 }
 
-/// The claim Lease a process creates to ask for `lock`.
+/// The claim Lease a process creates to ask for `lock`, without a release proof (it
+/// then releases with `"true"`): see [`claim_lease_with`].
 pub fn claim_lease(name: &str, lock: &str, pod: &PodIdentity, lease_duration_seconds: i32) -> Lease {
+    claim_lease_with(name, lock, pod, lease_duration_seconds, None)
+}
+
+/// The claim Lease a process creates to ask for `lock`; with `secret`, only a release
+/// mark carrying that secret releases it.
+pub fn claim_lease_with(
+    name: &str,
+    lock: &str,
+    pod: &PodIdentity,
+    lease_duration_seconds: i32,
+    secret: Option<&Secret>,
+) -> Lease {
+    let mut annotations = BTreeMap::from([
+        (POD_UID_ANNOTATION.into(), pod.uid.clone()),
+        (REQUESTED_AT_ANNOTATION.into(), Timestamp::now().to_string()),
+    ]);
+    if let Some(secret) = secret {
+        annotations.insert(RELEASE_HASH_ANNOTATION.into(), secret.hash());
+    }
     Lease {
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(pod.namespace.clone()),
             labels: Some(BTreeMap::from([(LOCK_LABEL.into(), lock.into())])),
-            annotations: Some(BTreeMap::from([
-                (POD_UID_ANNOTATION.into(), pod.uid.clone()),
-                (REQUESTED_AT_ANNOTATION.into(), Timestamp::now().to_string()),
-            ])),
+            annotations: Some(annotations),
             owner_references: Some(vec![OwnerReference {
                 api_version: "v1".into(),
                 kind: "Pod".into(),
@@ -65,9 +86,15 @@ pub fn renew_patch() -> serde_json::Value {
     serde_json::json!({ "spec": { "renewTime": MicroTime(Timestamp::now()) } })
 }
 
-/// The merge patch that releases a claim (or withdraws it while waiting).
+/// The merge patch that releases a claim made without a release proof.
 pub fn release_patch() -> serde_json::Value {
     serde_json::json!({ "metadata": { "annotations": { RELEASED_ANNOTATION: "true" } } })
+}
+
+/// The merge patch that releases a claim (or withdraws it while waiting) by revealing
+/// its secret.
+pub fn release_patch_with(secret: &Secret) -> serde_json::Value {
+    serde_json::json!({ "metadata": { "annotations": { RELEASED_ANNOTATION: secret.reveal() } } })
 }
 
 /// The merge patch the controller stamps on a granted claim, so tools reading Leases
@@ -136,12 +163,9 @@ pub fn claim_lock(lease: &Lease) -> Option<&str> {
         .filter(|l| !l.is_empty())
 }
 
-/// Whether the claim carries the release mark.
-pub fn is_released(lease: &Lease) -> bool {
-    lease
-        .annotations()
-        .get(RELEASED_ANNOTATION)
-        .is_some_and(|v| v == "true")
+/// Whether the claim carries a release mark (valid or not: see [`super::release`]).
+pub fn has_release_mark(lease: &Lease) -> bool {
+    lease.annotations().contains_key(RELEASED_ANNOTATION)
 }
 
 /// The microseconds within its second of the claim's requested-at time (0 when absent
@@ -182,7 +206,7 @@ mod tests {
         let lease = claim_lease("l-1", "l", &pod(), 15);
         assert_eq!(validate_claim(&lease), Ok(("p".into(), "u-1".into())));
         assert_eq!(claim_lock(&lease), Some("l"));
-        assert!(!is_released(&lease));
+        assert!(!has_release_mark(&lease));
         assert_eq!(claim_lease_duration(&lease), Duration::from_secs(15));
     }
 
@@ -198,16 +222,21 @@ mod tests {
     }
 
     #[test]
-    fn the_release_patch_sets_the_mark_the_reader_checks() {
-        let mut lease = claim_lease("l-1", "l", &pod(), 15);
-        let patch = release_patch();
+    fn the_release_patch_sets_the_mark_the_reader_judges_valid() {
+        let secret = Secret::generate();
+        let mut lease = claim_lease_with("l-1", "l", &pod(), 15, Some(&secret));
+        let recorded = super::super::release::claim_hash(&lease);
+        assert_eq!(recorded, Some(secret.hash()));
+        let patch = release_patch_with(&secret);
         let value = patch["metadata"]["annotations"][RELEASED_ANNOTATION].as_str().unwrap();
         lease
             .metadata
             .annotations
             .get_or_insert_default()
             .insert(RELEASED_ANNOTATION.into(), value.into());
-        assert!(is_released(&lease));
+        assert!(has_release_mark(&lease));
+        let judged = super::super::release::judge(&lease, recorded.as_deref());
+        assert_eq!(judged, super::super::release::Mark::Valid);
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! = the lease it lives by, annotation [`POD_UID_ANNOTATION`] and an ownerReference to
 //! its Pod (so garbage collection removes a deleted pod's claims). It renews
 //! `spec.renewTime` every [`timing::renew_interval`] and releases (or withdraws while
-//! waiting) by setting annotation [`RELEASED_ANNOTATION`] to `"true"`. The controller
+//! waiting) by setting annotation [`RELEASED_ANNOTATION`] to its release secret, whose
+//! hash it wrote at creation ([`RELEASE_HASH_ANNOTATION`], see [`release`]). The controller
 //! validates a claim with [`claim::validate_claim`], grants it by listing it as an
 //! unrevoked holder in the lock's status ([`granted_token`]) and stamps the granted
 //! claim with [`FENCING_TOKEN_ANNOTATION`] (informational).
@@ -47,6 +48,7 @@
 //! compared. `timing`'s tests state this inequality with the real functions.
 
 pub mod claim;
+pub mod release;
 pub mod timing;
 
 use crate::api::DistributedLockStatus;
@@ -57,8 +59,11 @@ pub use claim::{BadClaim, PodIdentity};
 pub const LOCK_LABEL: &str = "leasehold.dev/lock";
 /// Annotation on a claim Lease carrying the UID of the pod that made it.
 pub const POD_UID_ANNOTATION: &str = "leasehold.dev/pod-uid";
-/// Annotation a client sets to `"true"` on its claim to release the lock (or withdraw).
+/// Annotation a client sets on its claim to release the lock (or withdraw): the
+/// claim's release secret (see [`release`]), or `"true"` for a claim made without one.
 pub const RELEASED_ANNOTATION: &str = "leasehold.dev/released";
+/// Annotation a client sets on its claim at creation: the SHA-256 of its release secret.
+pub const RELEASE_HASH_ANNOTATION: &str = "leasehold.dev/release-hash";
 /// Annotation a client sets on its claim at creation: when it asked (RFC 3339, with
 /// microseconds). Only its sub-second part is used, to order claims created within
 /// the same second of the API server's clock.
@@ -92,6 +97,7 @@ mod tests {
             fencing_token: token,
             granted_at: Time(Timestamp::UNIX_EPOCH),
             lease_duration_seconds: None,
+            release_hash: None,
             revoked: revoked.then_some(Revocation {
                 reason: RevokeReason::ForceReleased,
                 at: Time(Timestamp::UNIX_EPOCH),

@@ -147,6 +147,24 @@ async fn chart_installs_and_its_rbac_is_enough_and_no_more() {
             .list(&Default::default())
             .await
     ));
+    assert!(forbidden(Api::<Pod>::namespaced(as_client.clone(), ns).get("c").await));
+    // Least privilege on Leases: no reading, replacing or deleting anyone's Lease (an
+    // application's leader-election Lease included), only create and patch.
+    let leader: k8s_openapi::api::coordination::v1::Lease = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "app-leader"}, "spec": {"holderIdentity": "x"}}),
+    )
+    .unwrap();
+    let leader = leases_as(&app.client, ns)
+        .create(&PostParams::default(), &leader)
+        .await
+        .unwrap();
+    let leases_c = leases_as(&as_client, ns);
+    assert!(forbidden(leases_c.get("app-leader").await));
+    assert!(forbidden(leases_c.list(&Default::default()).await));
+    assert!(forbidden(
+        leases_c.replace("app-leader", &PostParams::default(), &leader).await
+    ));
+    assert!(forbidden(leases_c.delete("app-leader", &Default::default()).await));
     let status = Patch::Merge(serde_json::json!({"status": {"fencingToken": 99}}));
     let locks = Api::<DistributedLock>::namespaced(as_client, ns);
     assert!(forbidden(

@@ -395,6 +395,42 @@ async fn hold_back_after_a_forced_release_lasts_the_holders_lease_not_the_edited
 }
 
 #[tokio::test]
+async fn a_forged_release_mark_does_not_let_the_next_holder_in_early() {
+    let ns = TestNs::new("forge").await;
+    let _c = spawn_controller(&ns, "forge");
+    ns.lock("l", spec(3)).await;
+    let dir = scratch("forge");
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let stubborn = r#"trap '' TERM; echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; while :; do echo tick >> $LOG; sleep 0.1; done"#;
+    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], stubborn);
+    wait_log(&dir, "a ticks", |l| l.iter().any(|l| l[0] == "tick")).await;
+    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], LONG_SECTION);
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    let claim_a = ns.locks().get("l").await.unwrap().status.unwrap().holders[0]
+        .claim
+        .clone();
+    // A neighbour with patch rights on Leases writes a release mark, with a hash of
+    // its own choosing to match (`kubectl annotate lease ... leasehold.dev/released=...`).
+    let forged = serde_json::json!({"metadata": {"annotations": {
+        "leasehold.dev/release-hash": leasehold::protocol::release::hash_of("mine"),
+        "leasehold.dev/released": "mine",
+    }}});
+    leases(&ns)
+        .patch(&claim_a, &Default::default(), &kube::api::Patch::Merge(&forged))
+        .await
+        .unwrap();
+    let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(76), "a's grant is revoked");
+    assert!(run_b.wait().await.unwrap().success());
+    assert_eq!(ticks_after_b_started(&dir), 0, "a's CMD ran on after b started");
+    wait_for("a ForgedRelease warning on a's claim", DEADLINE, || async {
+        let reasons = event_reasons(&ns, &claim_a).await;
+        reasons.iter().any(|r| r == "ForgedRelease").then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn sigkill_of_run_kills_cmd_and_the_next_holder_starts_after_expiry() {
     let ns = TestNs::new("sigkill").await;
     let _c = spawn_controller(&ns, "sigkill");
