@@ -103,6 +103,13 @@ pub struct DistributedLockStatus {
     #[serde(default)]
     pub fencing_token: i64,
 
+    /// This lock's tokens are this epoch plus a count of grants. The controller takes it,
+    /// once, from the clock (microseconds since 1970, and at least the lock's creation
+    /// time) when it first sees the lock, so a lock deleted and re-created under the same
+    /// name issues tokens above every token of the old one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token_epoch: Option<i64>,
+
     /// The `metadata.generation` of the spec this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -99,6 +99,12 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
             deadlines.push(ends);
         }
     }
+    let wall = Timestamp::now();
+    let created = lock
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_microsecond());
     let world = World {
         spec: &lock.spec,
         status: &status,
@@ -106,7 +112,8 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         pods: &pods,
         stopped_pods: &stopped_pods,
         hold_back_elapsed: &elapsed,
-        now: Timestamp::now(),
+        now: wall,
+        token_floor: wall.as_microsecond().max(created),
     };
     let decision = decide(&world);
     let revoked: BTreeSet<String> = decision

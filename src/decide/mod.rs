@@ -21,6 +21,9 @@
 //! * `status.queue` is the durable FIFO order; claims not yet in it are appended by
 //!   their arrival key. While fewer than `maxHolders` slots are occupied, the head of
 //!   the queue is granted with the next fencing token.
+//! * Tokens are an epoch (taken once, from the caller's clock, when the lock is first
+//!   decided) plus a count, so a lock re-created under the same name never issues a
+//!   token an older incarnation issued.
 //! * Deciding again on the same observation changes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -90,8 +93,16 @@ pub fn decide(world: &World<'_>) -> Decision {
 
     let holders = decide_holders(world, &claims, &mut known, &mut d);
     let queue = decide_queue(world, &claims, &mut known, &mut d);
+    // A fresh lock takes its epoch from the caller's clock; a lock that issued tokens
+    // before epochs existed keeps counting from them.
+    let epoch = match world.status.fencing_token_epoch {
+        Some(epoch) => epoch,
+        None if world.status.fencing_token == 0 => world.token_floor.max(0),
+        None => 0,
+    };
+    d.status.fencing_token_epoch = Some(epoch);
     let issued = world.status.holders.iter().map(|h| h.fencing_token);
-    d.status.fencing_token = issued.fold(world.status.fencing_token, i64::max);
+    d.status.fencing_token = issued.fold(world.status.fencing_token.max(epoch), i64::max);
     d.status.holders = holders;
     d.status.queue = queue;
     grant(world, &mut d);

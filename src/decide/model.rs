@@ -77,6 +77,9 @@ pub struct World<'a> {
     pub hold_back_elapsed: &'a BTreeSet<String>,
     /// The wall-clock time to write into timestamps (informational only).
     pub now: Timestamp,
+    /// The epoch a lock's tokens start from when its status has none yet: the caller's
+    /// clock in microseconds, no earlier than the lock's creation.
+    pub token_floor: i64,
 }
 
 /// Why a waiter left the queue without being granted.

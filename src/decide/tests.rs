@@ -15,6 +15,7 @@ pub(super) struct Fixture {
     pub pods: BTreeMap<String, PodView>,
     pub elapsed: BTreeSet<String>,
     pub stopped: StoppedPods,
+    pub token_floor: i64,
     seq: u64,
 }
 
@@ -27,6 +28,7 @@ pub(super) fn lock() -> Fixture {
         pods: BTreeMap::new(),
         elapsed: BTreeSet::new(),
         stopped: StoppedPods::new(),
+        token_floor: 0,
         seq: 0,
     }
 }
@@ -175,6 +177,7 @@ impl Fixture {
             stopped_pods: &self.stopped,
             hold_back_elapsed: &self.elapsed,
             now: Timestamp::UNIX_EPOCH,
+            token_floor: self.token_floor,
         })
     }
 
@@ -320,6 +323,27 @@ fn a_forged_release_of_a_holder_holds_its_slot_back_and_drops_a_waiter() {
     assert!(d.delete_claims.contains(&"c".to_string()));
     assert!(d.delete_claims.contains(&"a".to_string()));
     assert_eq!(f.hold_back_elapsed("a").decide().holders(), ["b"]);
+}
+
+#[test]
+fn a_fresh_lock_counts_its_tokens_from_the_epoch_and_keeps_it() {
+    let mut f = lock();
+    f.token_floor = 1_000_000;
+    let (mut f, d) = f.claims("a").then();
+    assert_eq!(d.granted(), [("a", 1_000_001)]);
+    assert_eq!(d.status.fencing_token_epoch, Some(1_000_000));
+    f.token_floor = 5_000_000; // a later clock changes nothing once the epoch is set
+    let d = f.released("a").claims("b").decide();
+    assert_eq!(d.granted(), [("b", 1_000_002)]);
+}
+
+#[test]
+fn a_lock_that_issued_tokens_before_epochs_keeps_counting() {
+    let mut f = lock().held_by("a").queued("b").released("a");
+    f.token_floor = 1_000_000;
+    let d = f.decide();
+    assert_eq!(d.granted(), [("b", 2)]);
+    assert_eq!(d.status.fencing_token_epoch, Some(0));
 }
 
 #[test]

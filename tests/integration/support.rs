@@ -235,11 +235,23 @@ pub fn keep_renewing(ns: &TestNs, claim: &str, every: Duration) -> tokio::task::
 }
 
 /// The fencing tokens of the current holders.
+/// The fencing tokens of the current holders, counted from the lock's epoch (so the
+/// first grant is 1).
 pub fn tokens(lock: &DistributedLock) -> Vec<i64> {
     lock.status
         .as_ref()
-        .map(|s| s.holders.iter().map(|h| h.fencing_token).collect())
+        .map(|s| s.holders.iter().map(|h| h.fencing_token - epoch(lock)).collect())
         .unwrap_or_default()
+}
+
+/// The epoch the lock's fencing tokens count from.
+pub fn epoch(lock: &DistributedLock) -> i64 {
+    lock.status.as_ref().and_then(|s| s.fencing_token_epoch).unwrap_or(0)
+}
+
+/// The last fencing token issued, counted from the lock's epoch.
+pub fn last_token(lock: &DistributedLock) -> i64 {
+    lock.status.as_ref().map_or(0, |s| s.fencing_token) - epoch(lock)
 }
 
 /// Reasons of the Kubernetes events about `object` in the namespace.
