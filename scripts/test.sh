@@ -28,5 +28,8 @@ else
   printf '\n*** SKIPPED tests/e2e/real-node.sh: it needs root (containerd, kubelet). ***\n\n' >&2
 fi
 
+step "chaos soak, short version (60 s): cargo test --bench soak -- --seconds 60"
+cargo test --locked --bench soak -- --seconds 60
+
 step "cargo test (unit, property and integration tests)"
 cargo test --locked --no-fail-fast --lib --bins --tests -- "$@"

@@ -10,6 +10,7 @@
 pub mod demo;
 mod harness;
 mod provision;
+pub mod proxy;
 mod workdir;
 
 use std::fs::File;

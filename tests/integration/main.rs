@@ -10,6 +10,5 @@ mod examples;
 mod ha;
 mod harness;
 mod library;
-mod proxy;
 mod smoke;
 mod support;

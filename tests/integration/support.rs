@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::proxy::Proxy;
+use leasehold::dev::proxy::Proxy;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -295,25 +295,20 @@ pub async fn claims_in_order(ns: &TestNs, lock: &str, n: usize) -> Vec<String> {
 
 /// A kubeconfig in `dir` whose server is a new proxy in front of the shared API server.
 pub async fn proxied_kubeconfig(dir: &Path) -> (Proxy, PathBuf) {
-    let text = std::fs::read_to_string(kubeconfig()).unwrap();
-    let port: u16 = text
-        .split("https://127.0.0.1:")
-        .nth(1)
-        .unwrap()
-        .split(['\n', '/'])
-        .next()
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let port = kubeconfig_port(kubeconfig());
     let proxy = Proxy::start(port).await;
     let proxied = dir.join(format!("kubeconfig-{}", proxy.port));
-    std::fs::write(
-        &proxied,
-        text.replace(&format!("127.0.0.1:{port}"), &format!("127.0.0.1:{}", proxy.port)),
-    )
-    .unwrap();
+    proxy.kubeconfig(kubeconfig(), &proxied).unwrap();
     (proxy, proxied)
+}
+
+/// The loopback port of the API server a kubeconfig names.
+pub fn kubeconfig_port(path: &Path) -> u16 {
+    let text = std::fs::read_to_string(path).unwrap();
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://127.0.0.1:"));
+    server.unwrap().trim_end_matches('/').parse().unwrap()
 }
 
 /// A client that sends watch requests through `watches` and every other request

@@ -1,4 +1,4 @@
-//! A loopback TCP proxy a test controls, to put one client's path to the API server
+//! A loopback TCP proxy a test or the soak program controls, to put one client's path to the API server
 //! through the faults a real network has: refusing (`cut`), black-holing (sockets stay
 //! open, nothing comes through: `black_hole`), and holding back only the connections
 //! already open (a watch stuck on a half-open connection while new requests pass:
@@ -34,8 +34,8 @@ pub struct Proxy {
 impl Proxy {
     /// Forward 127.0.0.1:<new port> to 127.0.0.1:`upstream`.
     pub async fn start(upstream: u16) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port");
+        let port = listener.local_addr().expect("a bound socket has an address").port();
         let cut = CancellationToken::new();
         let (control, _) = watch::channel(Control {
             black_hole: false,
@@ -93,6 +93,24 @@ impl Proxy {
     /// Let frozen connections go on, delivering what they held.
     pub fn thaw(&self) {
         self.control.send_modify(|c| c.frozen_below = 0);
+    }
+
+    /// End a black hole: bytes flow again (connections the client gave up on close).
+    pub fn restore(&self) {
+        self.control.send_modify(|c| c.black_hole = false);
+    }
+
+    /// A copy of `kubeconfig` (loopback API server) whose server is this proxy, written
+    /// as `path`.
+    pub fn kubeconfig(&self, kubeconfig: &std::path::Path, path: &std::path::Path) -> std::io::Result<()> {
+        let text = std::fs::read_to_string(kubeconfig)?;
+        let server = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("server: https://127.0.0.1:"))
+            .ok_or_else(|| std::io::Error::other("no loopback server in the kubeconfig"))?;
+        let port = server.trim_end_matches('/');
+        let text = text.replace(&format!("127.0.0.1:{port}"), &format!("127.0.0.1:{}", self.port));
+        std::fs::write(path, text)
     }
 }
 

@@ -1,0 +1,439 @@
+//! The chaos soak: `leasehold run` clients take turns on one lock on a local control
+//! plane while faults are injected, and every critical section is checked afterwards.
+//!
+//! ```sh
+//! cargo test --release --bench soak -- --seconds 1200      # a long run, by hand
+//! cargo test --bench soak -- --seconds 60                  # the short run CI does
+//! ```
+//!
+//! Faults, one every `--fault-every` seconds on average, chosen at random:
+//! controller SIGKILL and restart; a runner's `leasehold run` SIGKILLed; a runner's API
+//! path black-holed for two leases; the controller's watches stalled for two leases
+//! (writes pass); a holder's pod force-deleted (no kubelet report) while its path is
+//! black-holed, then re-created under the same name; a release mark forged on the
+//! holder's claim. Every section's CMD leaves a ticking child behind (a forking CMD).
+//!
+//! The history check: sections never overlap — a section lasts from its `start` line to
+//! the last line its token wrote (ticks of leftover children included) — and tokens
+//! strictly increase in start order. Prints the figures and exits non-zero on a
+//! violation.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use leasehold::api::{DistributedLock, DistributedLockSpec};
+use leasehold::dev::proxy::Proxy;
+use rand::Rng;
+use tokio::process::{Child, Command};
+
+const LEASEHOLD: &str = env!("CARGO_BIN_EXE_leasehold");
+const NS: &str = "soak";
+
+/// The section every runner's CMD runs: it logs its start, leaves a ticking child
+/// behind, and logs its end (times in ns, from this machine's clock).
+const SECTION: &str = r#"t() { date +%s%N; }; echo "start $LEASEHOLD_FENCING_TOKEN $POD_NAME $(t)" >> $LOG; (while :; do echo "tick $LEASEHOLD_FENCING_TOKEN $POD_NAME $(t)" >> $LOG; sleep 0.02; done) & sleep 0.05; echo "end $LEASEHOLD_FENCING_TOKEN $POD_NAME $(t)" >> $LOG"#;
+
+struct Args {
+    seconds: u64,
+    pods: usize,
+    lease: i32,
+    fault_every: f64,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        seconds: 60,
+        pods: 4,
+        lease: 2,
+        fault_every: 3.0,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    for pair in argv.windows(2) {
+        match pair[0].as_str() {
+            "--seconds" => a.seconds = pair[1].parse().expect("--seconds N"),
+            "--pods" => a.pods = pair[1].parse().expect("--pods N"),
+            "--lease" => a.lease = pair[1].parse().expect("--lease N"),
+            "--fault-every" => a.fault_every = pair[1].parse().expect("--fault-every SECONDS"),
+            _ => {}
+        }
+    }
+    a
+}
+
+/// What the faults reach: each runner's path, the controller's path and process.
+struct World {
+    client: Client,
+    dir: PathBuf,
+    lease: Duration,
+    controller_proxy: Proxy,
+    controller: Mutex<Option<Child>>,
+    runners: Vec<Runner>,
+}
+
+struct Runner {
+    pod: String,
+    proxy: Proxy,
+    kubeconfig: PathBuf,
+    uid: Mutex<String>,
+    child: Mutex<Option<Child>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    ControllerKill,
+    RunnerKill,
+    RunnerBlackHole,
+    ControllerWatchStall,
+    PodForceDelete,
+    ForgedRelease,
+}
+
+const FAULTS: [Fault; 6] = [
+    Fault::ControllerKill,
+    Fault::RunnerKill,
+    Fault::RunnerBlackHole,
+    Fault::ControllerWatchStall,
+    Fault::PodForceDelete,
+    Fault::ForgedRelease,
+];
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    leasehold::telemetry::init("warn,kube_client=error");
+    let a = args();
+    let kubeconfig = leasehold::dev::spawn_for_process(Path::new(LEASEHOLD), Duration::from_secs(600))?;
+    let client = leasehold::kubeconfig::client_for(&kubeconfig).await?;
+    let dir = std::env::temp_dir().join(format!("leasehold-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    setup(&client, a.lease).await?;
+    let upstream = api_port(&kubeconfig);
+    let controller_proxy = Proxy::start(upstream).await;
+    controller_proxy.kubeconfig(&kubeconfig, &dir.join("kubeconfig-controller"))?;
+    let mut runners = Vec::new();
+    for i in 0..a.pods {
+        let pod = format!("p{i}");
+        let uid = create_pod(&client, &pod).await?;
+        let proxy = Proxy::start(upstream).await;
+        let path = dir.join(format!("kubeconfig-{pod}"));
+        proxy.kubeconfig(&kubeconfig, &path)?;
+        runners.push(Runner {
+            pod,
+            proxy,
+            kubeconfig: path,
+            uid: Mutex::new(uid),
+            child: Mutex::new(None),
+        });
+    }
+    let world = Arc::new(World {
+        client,
+        dir: dir.clone(),
+        lease: Duration::from_secs(a.lease as u64),
+        controller_proxy,
+        controller: Mutex::new(None),
+        runners,
+    });
+    start_controller(&world)?;
+    let started = Instant::now();
+    let end = started + Duration::from_secs(a.seconds);
+    let mut loops = Vec::new();
+    for i in 0..world.runners.len() {
+        loops.push(tokio::spawn(run_loop(world.clone(), i, end)));
+    }
+    let mut faults: BTreeMap<Fault, u32> = BTreeMap::new();
+    while Instant::now() < end {
+        let pause = rand::rng().random_range(0.5..1.5) * a.fault_every;
+        tokio::time::sleep(Duration::from_secs_f64(pause)).await;
+        if Instant::now() >= end {
+            break;
+        }
+        let fault = FAULTS[rand::rng().random_range(0..FAULTS.len())];
+        if inject(&world, fault).await {
+            *faults.entry(fault).or_default() += 1;
+        }
+    }
+    for l in loops {
+        l.await?;
+    }
+    if let Some(mut c) = world.controller.lock().unwrap().take() {
+        let _ = c.start_kill();
+    }
+    let log = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+    let report = check(&log);
+    println!(
+        "soak: {:.0} s, {} pods, lease {} s: {} sections (handoffs), {} ticks checked",
+        started.elapsed().as_secs_f64(),
+        a.pods,
+        a.lease,
+        report.sections,
+        report.ticks
+    );
+    let total: u32 = faults.values().sum();
+    println!("faults: {total} ({faults:?})");
+    println!("violations: {}", report.violations.len());
+    for v in report.violations.iter().take(20) {
+        println!("  {v}");
+    }
+    if report.violations.is_empty() && report.sections > 0 {
+        println!("soak: 1 passed, 0 failed");
+        Ok(())
+    } else {
+        println!("soak: 0 passed, 1 failed");
+        anyhow::bail!("the soak found violations (log: {})", dir.join("log").display())
+    }
+}
+
+async fn setup(client: &Client, lease: i32) -> anyhow::Result<()> {
+    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": NS}}))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
+    let end = Instant::now() + Duration::from_secs(60);
+    while sas
+        .get_opt("default")
+        .await?
+        .and_then(|s| s.secrets)
+        .is_none_or(|s| s.is_empty())
+    {
+        anyhow::ensure!(Instant::now() < end, "the default ServiceAccount got no token");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lock = DistributedLock::new(
+        "l",
+        DistributedLockSpec {
+            lease_duration_seconds: lease,
+            max_holders: 1,
+        },
+    );
+    Api::<DistributedLock>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &lock)
+        .await?;
+    Ok(())
+}
+
+async fn create_pod(client: &Client, name: &str) -> anyhow::Result<String> {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"automountServiceAccountToken": false, "containers": [{"name": "app", "image": "leasehold:dev"}]}
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    loop {
+        match pods.create(&PostParams::default(), &pod).await {
+            Ok(p) => return Ok(p.uid().unwrap_or_default()),
+            // The old pod of this name is still being removed.
+            Err(kube::Error::Api(s)) if s.is_already_exists() => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn api_port(kubeconfig: &Path) -> u16 {
+    let text = std::fs::read_to_string(kubeconfig).expect("read the kubeconfig");
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://127.0.0.1:"));
+    server
+        .expect("a loopback server")
+        .trim_end_matches('/')
+        .parse()
+        .expect("a port")
+}
+
+fn start_controller(world: &World) -> anyhow::Result<()> {
+    let child = Command::new(LEASEHOLD)
+        .args(["controller", "--namespace", NS, "--http-addr", "127.0.0.1:0"])
+        .env("KUBECONFIG", world.dir.join("kubeconfig-controller"))
+        .env("RUST_LOG", "error")
+        .kill_on_drop(true)
+        .spawn()?;
+    *world.controller.lock().unwrap() = Some(child);
+    Ok(())
+}
+
+/// One pod's client: `leasehold run` again and again until `end`.
+async fn run_loop(world: Arc<World>, i: usize, end: Instant) {
+    let r = &world.runners[i];
+    while Instant::now() < end {
+        let uid = r.uid.lock().unwrap().clone();
+        let child = Command::new(LEASEHOLD)
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&r.kubeconfig)
+            .args(["--lock", "l", "--namespace", NS, "--", "sh", "-c", SECTION])
+            .env("POD_NAME", &r.pod)
+            .env("POD_NAMESPACE", NS)
+            .env("POD_UID", uid)
+            .env("LOG", world.dir.join("log"))
+            .env("RUST_LOG", "off")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn();
+        let Ok(child) = child else { return };
+        *r.child.lock().unwrap() = Some(child);
+        loop {
+            let done = {
+                let mut guard = r.child.lock().unwrap();
+                match guard.as_mut() {
+                    Some(c) => c.try_wait().map(|s| s.is_some()).unwrap_or(true),
+                    None => true,
+                }
+            };
+            if done {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// Inject one fault; returns whether it could be injected.
+async fn inject(world: &Arc<World>, fault: Fault) -> bool {
+    let pick = rand::rng().random_range(0..world.runners.len());
+    let twice = world.lease * 2;
+    match fault {
+        Fault::ControllerKill => {
+            if let Some(mut c) = world.controller.lock().unwrap().take() {
+                let _ = c.start_kill();
+            }
+            tokio::time::sleep(Duration::from_millis(rand::rng().random_range(0..1000))).await;
+            start_controller(world).is_ok()
+        }
+        Fault::RunnerKill => {
+            let mut child = world.runners[pick].child.lock().unwrap();
+            child.as_mut().is_some_and(|c| c.start_kill().is_ok())
+        }
+        Fault::RunnerBlackHole => {
+            let w = world.clone();
+            w.runners[pick].proxy.black_hole();
+            tokio::spawn(async move {
+                tokio::time::sleep(twice).await;
+                w.runners[pick].proxy.restore();
+            });
+            true
+        }
+        Fault::ControllerWatchStall => {
+            let w = world.clone();
+            w.controller_proxy.freeze_open();
+            tokio::spawn(async move {
+                tokio::time::sleep(twice).await;
+                w.controller_proxy.thaw();
+            });
+            true
+        }
+        Fault::PodForceDelete => force_delete_holder(world).await,
+        Fault::ForgedRelease => forge_release(world).await,
+    }
+}
+
+async fn holder(world: &World) -> Option<(String, String)> {
+    let lock = Api::<DistributedLock>::namespaced(world.client.clone(), NS)
+        .get("l")
+        .await
+        .ok()?;
+    let h = lock.status?.holders.into_iter().find(|h| h.revoked.is_none())?;
+    Some((h.pod, h.claim))
+}
+
+/// Black-hole the holder's path (its node stops answering), force-delete its pod, and
+/// re-create the pod under the same name (as a StatefulSet would); restore the path
+/// two leases later.
+async fn force_delete_holder(world: &Arc<World>) -> bool {
+    let Some((pod, _)) = holder(world).await else {
+        return false;
+    };
+    let Some(i) = world.runners.iter().position(|r| r.pod == pod) else {
+        return false;
+    };
+    world.runners[i].proxy.black_hole();
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), NS);
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    let deleted = pods.delete(&pod, &now).await.is_ok();
+    if let Ok(uid) = create_pod(&world.client, &pod).await {
+        *world.runners[i].uid.lock().unwrap() = uid;
+    }
+    let w = world.clone();
+    let twice = world.lease * 2;
+    tokio::spawn(async move {
+        tokio::time::sleep(twice).await;
+        w.runners[i].proxy.restore();
+    });
+    deleted
+}
+
+/// Write a release mark on the holder's claim that its process did not write.
+async fn forge_release(world: &World) -> bool {
+    let Some((_, claim)) = holder(world).await else {
+        return false;
+    };
+    let patch = serde_json::json!({"metadata": {"annotations": {"leasehold.dev/released": "true"}}});
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(world.client.clone(), NS);
+    leases
+        .patch(&claim, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .is_ok()
+}
+
+struct Report {
+    sections: usize,
+    ticks: usize,
+    violations: Vec<String>,
+}
+
+/// Check the shared log: per token, the span from its start to the last line it
+/// wrote; spans must not overlap, and tokens must increase in start order.
+fn check(log: &str) -> Report {
+    let mut spans: BTreeMap<i64, (u128, u128, String)> = BTreeMap::new();
+    let mut ticks = 0;
+    let mut violations = Vec::new();
+    for line in log.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let [kind, token, pod, at] = w[..] else {
+            violations.push(format!("malformed line {line:?}"));
+            continue;
+        };
+        let (Ok(token), Ok(at)) = (token.parse::<i64>(), at.parse::<u128>()) else {
+            violations.push(format!("malformed line {line:?}"));
+            continue;
+        };
+        if kind == "tick" {
+            ticks += 1;
+        }
+        let span = spans.entry(token).or_insert((u128::MAX, 0, pod.to_string()));
+        if kind == "start" {
+            span.0 = span.0.min(at);
+        }
+        span.1 = span.1.max(at);
+    }
+    let mut by_start: Vec<(u128, u128, i64, String)> = spans
+        .into_iter()
+        .filter(|(_, s)| s.0 != u128::MAX)
+        .map(|(t, (start, last, pod))| (start, last, t, pod))
+        .collect();
+    by_start.sort();
+    for w in by_start.windows(2) {
+        let ((s0, l0, t0, p0), (s1, _, t1, p1)) = (&w[0], &w[1]);
+        if t1 <= t0 {
+            violations.push(format!("token {t1} ({p1}) started after token {t0} ({p0})"));
+        }
+        if s1 <= l0 {
+            violations.push(format!(
+                "overlap: {p1} (token {t1}) started {:.1} ms before {p0} (token {t0}, started {s0}) stopped",
+                (*l0 - *s1) as f64 / 1e6
+            ));
+        }
+    }
+    Report {
+        sections: by_start.len(),
+        ticks,
+        violations,
+    }
+}
