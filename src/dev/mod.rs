@@ -68,6 +68,8 @@ pub struct ControlPlane {
     dir: PathBuf,
     kubeconfig: PathBuf,
     children: Vec<(&'static str, Child)>,
+    /// How each child was started: (name, leasehold binary, program, arguments).
+    specs: Vec<(&'static str, PathBuf, PathBuf, Vec<String>)>,
     _alive: File,
 }
 
@@ -92,6 +94,7 @@ impl ControlPlane {
             kubeconfig: dir.join("kubeconfig"),
             dir,
             children: Vec::new(),
+            specs: Vec::new(),
             _alive: alive,
         };
         cp.launch(&bin, leasehold, controllers).await?;
@@ -247,10 +250,42 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Kill one component (`etcd`, `kube-apiserver`, `kube-controller-manager`) with
+    /// SIGKILL, as a crash would, keep it down for `down`, start it again with the same
+    /// flags and data, and wait until the API server is ready again.
+    pub async fn restart(&mut self, name: &str, down: Duration) -> Result<(), DevError> {
+        let at = self.children.iter().position(|(n, _)| *n == name);
+        let Some(at) = at else {
+            return Err(prep(Path::new(name), std::io::Error::other("no such component")));
+        };
+        let (name, mut child) = self.children.remove(at);
+        let _ = child.kill().await;
+        tokio::time::sleep(down).await;
+        let (_, leasehold, program, args) = self
+            .specs
+            .iter()
+            .find(|(n, ..)| *n == name)
+            .cloned()
+            .expect("every child has a spec");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.spawn(&leasehold, name, &program, &args)?;
+        let client = self.client().await?;
+        self.wait_ready(&client).await
+    }
+
     fn spawn(&mut self, leasehold: &Path, name: &'static str, program: &Path, args: &[&str]) -> Result<(), DevError> {
+        if !self.specs.iter().any(|(n, ..)| *n == name) {
+            let owned = args.iter().map(|a| a.to_string()).collect();
+            self.specs
+                .push((name, leasehold.to_path_buf(), program.to_path_buf(), owned));
+        }
         let logs = self.dir.join("logs");
         std::fs::create_dir_all(&logs).map_err(|e| prep(&logs, e))?;
-        let log = File::create(logs.join(format!("{name}.log"))).map_err(|e| prep(&logs, e))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(logs.join(format!("{name}.log")))
+            .map_err(|e| prep(&logs, e))?;
         let err = log.try_clone().map_err(|e| prep(&logs, e))?;
         let mut cmd = crate::supervise::guarded_command(&leasehold.to_path_buf(), Signal::SIGKILL, program);
         cmd.args(args)

@@ -291,6 +291,37 @@ async fn partition_stops_cmd_before_the_lock_passes_on_after_expiry() {
 }
 
 #[tokio::test]
+async fn a_cut_off_holder_stops_before_the_lock_passes_on_across_a_controller_restart() {
+    let ns = TestNs::new("partrestart").await;
+    let controller = spawn_controller(&ns, "partrestart-1");
+    ns.lock("l", spec(3)).await;
+    let dir = scratch("partrestart");
+    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
+    let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, &proxied).await;
+    proxy.cut();
+    // The controller restarts while a is cut off: the new one rebuilds its view from
+    // the API and must still wait for a's claim to expire.
+    controller.abort();
+    let _ = controller.await;
+    let _c = spawn_controller(&ns, "partrestart-2");
+    let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(76), "a's run gives up when renewals fail");
+    assert!(
+        tokio::time::timeout(DEADLINE, run_b.wait())
+            .await
+            .unwrap()
+            .unwrap()
+            .success()
+    );
+    let order: Vec<_> = log(&dir).iter().map(|l| format!("{} {}", l[0], l[2])).collect();
+    assert_eq!(
+        order,
+        ["start a", "term a", "start b", "end b"],
+        "a stopped before b started"
+    );
+}
+
+#[tokio::test]
 async fn black_holed_holder_with_a_slow_cmd_stops_before_the_lock_passes_on() {
     let ns = TestNs::new("blackhole").await;
     let _c = spawn_controller(&ns, "blackhole");

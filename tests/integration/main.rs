@@ -10,5 +10,6 @@ mod examples;
 mod ha;
 mod harness;
 mod library;
+mod outage;
 mod smoke;
 mod support;

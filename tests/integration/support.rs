@@ -66,7 +66,11 @@ pub struct TestNs {
 impl TestNs {
     /// Create `t-<prefix>-<random>` and wait for its default ServiceAccount.
     pub async fn new(prefix: &str) -> Self {
-        let client = client().await;
+        Self::new_on(client().await, prefix).await
+    }
+
+    /// [`TestNs::new`] on the control plane `client` talks to.
+    pub async fn new_on(client: Client, prefix: &str) -> Self {
         let name = format!("t-{prefix}-{:06x}", rand::random::<u32>() & 0xffffff);
         let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
         Api::<Namespace>::all(client.clone())
