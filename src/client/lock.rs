@@ -69,6 +69,9 @@ impl LockBuilder {
 
     /// Build the handle.
     pub fn build(self) -> Result<Lock, Error> {
+        if self.name.len() > crate::protocol::MAX_LOCK_NAME {
+            return Err(Error::NameTooLong(self.name));
+        }
         let identity = match self.identity {
             Some(id) => id,
             None => identity_from_env(&self.namespace)?,

@@ -58,6 +58,11 @@ pub enum Error {
         /// The pod's namespace.
         pod: String,
     },
+    /// The lock's name cannot be named by a claim (it goes in a label value).
+    #[error(
+        "lock name {0:?} is longer than 63 characters: claims name their lock in a label value, which holds at most 63"
+    )]
+    NameTooLong(String),
     /// Reading the DistributedLock failed.
     #[error("reading DistributedLock {0}: {1}")]
     GetLock(String, #[source] kube::Error),

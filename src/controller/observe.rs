@@ -54,6 +54,9 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
                 continue;
             }
         };
+        if let Some(problem) = claim::lease_problem(lease_obj) {
+            warnings.push((lease_obj.clone(), "ClaimLease", problem));
+        }
         let own = claim::claim_lease_duration(lease_obj);
         let expires = tracker.expires_at(lease_obj, lease, own, now);
         let expired = now >= expires;

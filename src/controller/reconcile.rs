@@ -130,27 +130,40 @@ pub fn error_policy(_lock: Arc<DistributedLock>, err: &Error, ctx: Arc<Context>)
     Requeue::requeue(ERROR_REQUEUE)
 }
 
-/// Set observedGeneration and the Ready condition.
+/// Set observedGeneration and the Ready condition: True while the lock is reconciled,
+/// False (with the reason) when claims cannot name it.
 fn with_conditions(lock: &DistributedLock, mut status: DistributedLockStatus) -> DistributedLockStatus {
     let generation = lock.metadata.generation;
     status.observed_generation = generation;
-    let message = format!(
-        "{} of {} slots held, {} waiting",
-        status.holders.len(),
-        lock.spec.max_holders,
-        status.queue.len()
-    );
+    let name = lock.name_any();
+    let (ready, reason, message) = if name.len() > crate::protocol::MAX_LOCK_NAME {
+        let message = format!(
+            "the lock's name has {} characters: claims name their lock in a label value, which \
+             holds at most {}; no claim can ask for this lock, so re-create it with a shorter name",
+            name.len(),
+            crate::protocol::MAX_LOCK_NAME
+        );
+        ("False", "NameTooLong", message)
+    } else {
+        let message = format!(
+            "{} of {} slots held, {} waiting",
+            status.holders.len(),
+            lock.spec.max_holders,
+            status.queue.len()
+        );
+        ("True", "Reconciled", message)
+    };
     let previous = status.conditions.iter().find(|c| c.type_ == "Ready").cloned();
     let unchanged = previous
         .as_ref()
-        .is_some_and(|p| p.status == "True" && p.message == message && p.observed_generation == generation);
+        .is_some_and(|p| p.status == ready && p.message == message && p.observed_generation == generation);
     if !unchanged {
-        let since = previous.filter(|p| p.status == "True").map(|p| p.last_transition_time);
+        let since = previous.filter(|p| p.status == ready).map(|p| p.last_transition_time);
         status.conditions.retain(|c| c.type_ != "Ready");
         status.conditions.push(Condition {
             type_: "Ready".into(),
-            status: "True".into(),
-            reason: "Reconciled".into(),
+            status: ready.into(),
+            reason: reason.into(),
             message,
             observed_generation: generation,
             last_transition_time: since.unwrap_or(Time(Timestamp::now())),

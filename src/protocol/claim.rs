@@ -184,6 +184,21 @@ pub fn claim_lease_seconds(lease: &Lease) -> i32 {
     secs.clamp(0, MAX_LEASE_SECONDS)
 }
 
+/// What is wrong with the lease a claim states, if anything (it is then used as
+/// [`claim_lease_seconds`] says: the lock's when absent or not positive, capped when huge).
+pub fn lease_problem(lease: &Lease) -> Option<String> {
+    match lease.spec.as_ref().and_then(|s| s.lease_duration_seconds) {
+        None => Some("claim has no spec.leaseDurationSeconds; the lock's lease applies".into()),
+        Some(s) if s <= 0 => Some(format!(
+            "claim's spec.leaseDurationSeconds is {s}; the lock's lease applies"
+        )),
+        Some(s) if s > MAX_LEASE_SECONDS => Some(format!(
+            "claim's spec.leaseDurationSeconds {s} is capped at {MAX_LEASE_SECONDS}"
+        )),
+        Some(_) => None,
+    }
+}
+
 /// [`claim_lease_seconds`] as a duration.
 pub fn claim_lease_duration(lease: &Lease) -> Duration {
     Duration::from_secs(claim_lease_seconds(lease) as u64)

@@ -55,6 +55,8 @@ use crate::api::DistributedLockStatus;
 
 pub use claim::{BadClaim, PodIdentity};
 
+/// The longest lock name claims can ask for: the name is a label value.
+pub const MAX_LOCK_NAME: usize = 63;
 /// Label on a claim Lease naming the DistributedLock it asks for.
 pub const LOCK_LABEL: &str = "leasehold.dev/lock";
 /// Annotation on a claim Lease carrying the UID of the pod that made it.

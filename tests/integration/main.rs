@@ -6,6 +6,7 @@
 mod chart;
 mod client;
 mod controller;
+mod corpus;
 mod examples;
 mod ha;
 mod harness;
