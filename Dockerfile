@@ -3,10 +3,9 @@
 # Not built in CI here (no Docker engine on these machines); see the README.
 FROM rust:1.89-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
-COPY src src
-COPY scripts scripts
-COPY crds crds
+# The whole tree (minus .dockerignore): a manifest naming a file the context lacks
+# (a bench, an example) would fail the build.
+COPY . .
 RUN cargo build --release --locked --bin leasehold && strip target/release/leasehold
 
 # bookworm-slim keeps `sh` for `leasehold run -- sh -c ...` in the examples.

@@ -9,7 +9,7 @@
 //! Faults, one every `--fault-every` seconds on average, chosen at random:
 //! controller SIGKILL and restart; a runner's `leasehold run` SIGKILLed; a runner's API
 //! path black-holed for two leases; the controller's watches stalled for two leases
-//! (writes pass); a holder's pod force-deleted (no kubelet report) while its path is
+//! (writes pass); the controller's whole path black-holed for two leases; a holder's pod force-deleted (no kubelet report) while its path is
 //! black-holed, then re-created under the same name; a release mark forged on the
 //! holder's claim. Every section's CMD leaves a ticking child behind (a forking CMD).
 //!
@@ -89,15 +89,17 @@ enum Fault {
     RunnerKill,
     RunnerBlackHole,
     ControllerWatchStall,
+    ControllerBlackHole,
     PodForceDelete,
     ForgedRelease,
 }
 
-const FAULTS: [Fault; 6] = [
+const FAULTS: [Fault; 7] = [
     Fault::ControllerKill,
     Fault::RunnerKill,
     Fault::RunnerBlackHole,
     Fault::ControllerWatchStall,
+    Fault::ControllerBlackHole,
     Fault::PodForceDelete,
     Fault::ForgedRelease,
 ];
@@ -323,6 +325,15 @@ async fn inject(world: &Arc<World>, fault: Fault) -> bool {
             tokio::spawn(async move {
                 tokio::time::sleep(twice).await;
                 w.controller_proxy.thaw();
+            });
+            true
+        }
+        Fault::ControllerBlackHole => {
+            let w = world.clone();
+            w.controller_proxy.black_hole();
+            tokio::spawn(async move {
+                tokio::time::sleep(twice).await;
+                w.controller_proxy.restore();
             });
             true
         }
