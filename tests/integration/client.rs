@@ -100,10 +100,7 @@ async fn forced_release_stops_the_children_of_a_forking_cmd_too() {
         .claim
         .clone();
     leases(&ns).delete(&claim_a, &Default::default()).await.unwrap();
-    let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
-    assert_eq!(status.code(), Some(76));
-    assert!(run_b.wait().await.unwrap().success());
-    assert_eq!(ticks_after_b_started(&dir), 0, "a's grandchild ran on after b started");
+    a_lost_then_b_ran_alone(&mut run_a, &mut run_b, &dir).await;
 }
 
 #[tokio::test]
@@ -120,6 +117,29 @@ async fn sigkill_of_run_kills_the_children_of_a_forking_cmd_too() {
 
 /// A holder that takes 3 s to stop after SIGTERM.
 const SLOW_TERM: &str = r#"trap 'echo term $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; sleep 3; echo end $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; exit 0' TERM; echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; while true; do sleep 0.1; done"#;
+
+/// a's run exits with the lost-lock status, b's run succeeds, and the shared log shows
+/// `order` (`<kind> <pod>` per line): a's CMD stopped before b's started.
+async fn a_lost_then_b_ran(run_a: &mut Child, run_b: &mut Child, dir: &Path, order: &[&str]) {
+    let wait = Duration::from_secs(60);
+    let status = tokio::time::timeout(wait, run_a.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(76), "a's run exits with the lost-lock status");
+    let status = tokio::time::timeout(wait, run_b.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "b's run succeeds");
+    let seen: Vec<_> = log(dir).iter().map(|l| format!("{} {}", l[0], l[2])).collect();
+    assert_eq!(seen, order, "a stopped before b started");
+}
+
+/// a's run exits with the lost-lock status, b's run succeeds, and nothing of a's CMD
+/// (its leftover children included) wrote to the log after b's CMD started.
+async fn a_lost_then_b_ran_alone(run_a: &mut Child, run_b: &mut Child, dir: &Path) {
+    let wait = Duration::from_secs(60);
+    let status = tokio::time::timeout(wait, run_a.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(76), "a's run exits with the lost-lock status");
+    let status = tokio::time::timeout(wait, run_b.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "b's run succeeds");
+    assert_eq!(ticks_after_b_started(dir), 0, "a's CMD ran on after b started");
+}
 
 /// Pod a holds the lock in `leasehold run` (its CMD runs until SIGTERM; `a_kubeconfig`
 /// lets it go through a proxy), and pod b waits in `leasehold run` with a short section.
@@ -273,21 +293,7 @@ async fn partition_stops_cmd_before_the_lock_passes_on_after_expiry() {
     let (proxy, proxied) = proxied_kubeconfig(&dir).await;
     let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, &proxied).await;
     proxy.cut();
-    let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
-    assert_eq!(status.code(), Some(76), "a's run gives up when renewals fail");
-    assert!(
-        tokio::time::timeout(DEADLINE, run_b.wait())
-            .await
-            .unwrap()
-            .unwrap()
-            .success()
-    );
-    let order: Vec<_> = log(&dir).iter().map(|l| format!("{} {}", l[0], l[2])).collect();
-    assert_eq!(
-        order,
-        ["start a", "term a", "start b", "end b"],
-        "a stopped before b started"
-    );
+    a_lost_then_b_ran(&mut run_a, &mut run_b, &dir, &["start a", "term a", "start b", "end b"]).await;
 }
 
 #[tokio::test]
@@ -304,21 +310,7 @@ async fn a_cut_off_holder_stops_before_the_lock_passes_on_across_a_controller_re
     controller.abort();
     let _ = controller.await;
     let _c = spawn_controller(&ns, "partrestart-2");
-    let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
-    assert_eq!(status.code(), Some(76), "a's run gives up when renewals fail");
-    assert!(
-        tokio::time::timeout(DEADLINE, run_b.wait())
-            .await
-            .unwrap()
-            .unwrap()
-            .success()
-    );
-    let order: Vec<_> = log(&dir).iter().map(|l| format!("{} {}", l[0], l[2])).collect();
-    assert_eq!(
-        order,
-        ["start a", "term a", "start b", "end b"],
-        "a stopped before b started"
-    );
+    a_lost_then_b_ran(&mut run_a, &mut run_b, &dir, &["start a", "term a", "start b", "end b"]).await;
 }
 
 #[tokio::test]
@@ -335,24 +327,13 @@ async fn black_holed_holder_with_a_slow_cmd_stops_before_the_lock_passes_on() {
     ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
     // Packets vanish; a's sockets stay open, so its requests hang until they time out.
     proxy.black_hole();
-    let status = tokio::time::timeout(Duration::from_secs(60), run_a.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(status.code(), Some(76), "a's run gives up when renewals fail");
-    assert!(
-        tokio::time::timeout(Duration::from_secs(60), run_b.wait())
-            .await
-            .unwrap()
-            .unwrap()
-            .success()
-    );
-    let order: Vec<_> = log(&dir).iter().map(|l| format!("{} {}", l[0], l[2])).collect();
-    assert_eq!(
-        order,
-        ["start a", "term a", "end a", "start b", "end b"],
-        "a's CMD ended before b's started"
-    );
+    a_lost_then_b_ran(
+        &mut run_a,
+        &mut run_b,
+        &dir,
+        &["start a", "term a", "end a", "start b", "end b"],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -370,21 +351,7 @@ async fn force_deleted_pod_of_a_cut_off_holder_stops_cmd_before_the_next_starts(
         ..Default::default()
     };
     ns.pods().delete("a", &grace0).await.unwrap();
-    let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
-    assert_eq!(status.code(), Some(76), "a's run gives up when renewals fail");
-    assert!(
-        tokio::time::timeout(DEADLINE, run_b.wait())
-            .await
-            .unwrap()
-            .unwrap()
-            .success()
-    );
-    let order: Vec<_> = log(&dir).iter().map(|l| format!("{} {}", l[0], l[2])).collect();
-    assert_eq!(
-        order,
-        ["start a", "term a", "start b", "end b"],
-        "a stopped before b started"
-    );
+    a_lost_then_b_ran(&mut run_a, &mut run_b, &dir, &["start a", "term a", "start b", "end b"]).await;
 }
 
 #[tokio::test]
@@ -410,19 +377,7 @@ async fn hold_back_after_a_forced_release_lasts_the_holders_lease_not_the_edited
         .claim
         .clone();
     leases(&ns).delete(&claim_a, &Default::default()).await.unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(60), run_a.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(status.code(), Some(76));
-    assert!(
-        tokio::time::timeout(Duration::from_secs(60), run_b.wait())
-            .await
-            .unwrap()
-            .unwrap()
-            .success()
-    );
-    assert_eq!(ticks_after_b_started(&dir), 0, "a's CMD ran on after b started");
+    a_lost_then_b_ran_alone(&mut run_a, &mut run_b, &dir).await;
 }
 
 #[tokio::test]
@@ -450,10 +405,7 @@ async fn a_forged_release_mark_does_not_let_the_next_holder_in_early() {
         .patch(&claim_a, &Default::default(), &kube::api::Patch::Merge(&forged))
         .await
         .unwrap();
-    let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
-    assert_eq!(status.code(), Some(76), "a's grant is revoked");
-    assert!(run_b.wait().await.unwrap().success());
-    assert_eq!(ticks_after_b_started(&dir), 0, "a's CMD ran on after b started");
+    a_lost_then_b_ran_alone(&mut run_a, &mut run_b, &dir).await;
     wait_for("a ForgedRelease warning on a's claim", DEADLINE, || async {
         let reasons = event_reasons(&ns, &claim_a).await;
         reasons.iter().any(|r| r == "ForgedRelease").then_some(())

@@ -329,3 +329,41 @@ pub fn split_client(direct: Client, watches: Client) -> Client {
     });
     Client::new(service, "default")
 }
+
+/// Lock `l` (lease `lease`) held by pod a's claim and waited for by pod b's, each
+/// renewed every 500 ms as a live client would; returns the renewing tasks.
+pub async fn live_holder_and_waiter(ns: &TestNs, lease: i32) -> [tokio::task::JoinHandle<()>; 2] {
+    ns.lock(
+        "l",
+        DistributedLockSpec {
+            lease_duration_seconds: lease,
+            max_holders: 1,
+        },
+    )
+    .await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let ca = claim(ns, "l", &a, lease).await;
+    let ra = keep_renewing(ns, &ca, Duration::from_millis(500));
+    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    let cb = claim(ns, "l", &b, lease).await;
+    let rb = keep_renewing(ns, &cb, Duration::from_millis(500));
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    [ra, rb]
+}
+
+/// For `how_long`, lock `l` keeps live holder a, waiter b and its tokens, and no
+/// Revoked or Dropped event appears (observed every 100 ms).
+pub async fn assert_undisturbed(ns: &TestNs, how_long: Duration) {
+    let token = tokens(&ns.locks().get("l").await.unwrap());
+    let (started, until) = (Instant::now(), Instant::now() + how_long);
+    while Instant::now() < until {
+        let l = ns.locks().get("l").await.unwrap();
+        let at = started.elapsed();
+        assert_eq!(holders(&l), ["a"], "the live holder was revoked {at:?} in");
+        assert_eq!(queue(&l), ["b"], "the live waiter was dropped {at:?} in");
+        assert_eq!(tokens(&l), token, "a new grant {at:?} in");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reasons = event_reasons(ns, "l").await;
+    assert!(!reasons.iter().any(|r| r == "Revoked" || r == "Dropped"), "{reasons:?}");
+}
