@@ -2,7 +2,9 @@
 //!
 //! * controller: a holder's claim is marked released → the next holder appears in the
 //!   lock's status (seen through a watch), with the controller running in this process;
-//! * end to end: one `leasehold run` CMD exits → the next queued CMD starts.
+//! * end to end: one `leasehold run` CMD exits → the next queued CMD starts;
+//! * pod gone: the holder's pod is deleted after the kubelet reported its containers
+//!   terminated (a graceful deletion) → the next holder appears in the lock's status.
 //!
 //! `cargo bench --bench handoff` (add `-- --rounds N` to change the sample size).
 
@@ -47,6 +49,11 @@ fn main() -> anyhow::Result<()> {
             report(
                 "controller handoff (release written -> next holder in status)",
                 &mut controller,
+            );
+            let mut gone = pod_gone_handoffs(client.clone(), rounds.min(60)).await?;
+            report(
+                "pod-gone handoff (stopped pod deleted -> next holder in status)",
+                &mut gone,
             );
             let mut e2e = end_to_end_handoffs(client, &kubeconfig, rounds).await?;
             report("end-to-end handoff (CMD exits -> next CMD starts)", &mut e2e);
@@ -144,6 +151,56 @@ async fn controller_handoffs(client: Client, rounds: usize) -> anyhow::Result<Ve
         }
         samples.push(started.elapsed());
         holder = waiter;
+    }
+    Ok(samples)
+}
+
+async fn pod_gone_handoffs(client: Client, rounds: usize) -> anyhow::Result<Vec<Duration>> {
+    let ns = "bench-podgone";
+    namespace(&client, ns).await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), ns);
+    let mut events = watcher(locks, watcher::Config::default().fields("metadata.name=bench"))
+        .applied_objects()
+        .boxed();
+    let claim_for = |p: &PodIdentity| {
+        let name = claim_name("bench");
+        (name.clone(), claim_lease(&name, "bench", p, 60))
+    };
+    let mut holder = pod(&client, ns, "p0").await?;
+    let (mut holder_claim, lease) = claim_for(&holder);
+    leases.create(&PostParams::default(), &lease).await?;
+    let terminated = serde_json::json!({"status": {"containerStatuses": [{
+        "name": "app", "image": "leasehold", "imageID": "", "ready": false,
+        "restartCount": 0, "state": {"terminated": {"exitCode": 0}},
+    }]}});
+    let mut samples = Vec::new();
+    for i in 1..=rounds {
+        let waiter = pod(&client, ns, &format!("p{i}")).await?;
+        let (waiter_claim, lease) = claim_for(&waiter);
+        leases.create(&PostParams::default(), &lease).await?;
+        loop {
+            let st = events.next().await.expect("watch")?.status.unwrap_or_default();
+            if st.holders.first().is_some_and(|h| h.claim == holder_claim)
+                && st.queue.iter().any(|w| w.claim == waiter_claim)
+            {
+                break;
+            }
+        }
+        // The kubelet stopped the holder's containers and said so; then the object goes.
+        pods.patch_status(&holder.name, &PatchParams::default(), &Patch::Merge(&terminated))
+            .await?;
+        let started = Instant::now();
+        pods.delete(&holder.name, &Default::default()).await?;
+        loop {
+            let st = events.next().await.expect("watch")?.status.unwrap_or_default();
+            if st.holders.first().is_some_and(|h| h.claim == waiter_claim) {
+                break;
+            }
+        }
+        samples.push(started.elapsed());
+        (holder, holder_claim) = (waiter, waiter_claim);
     }
     Ok(samples)
 }

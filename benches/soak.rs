@@ -3,6 +3,7 @@
 //!
 //! ```sh
 //! cargo test --release --bench soak -- --seconds 1200      # a long run, by hand
+//! LEASEHOLD_BIN=/copy/of/leasehold cargo test --bench soak -- --seconds 2400
 //! cargo test --bench soak -- --seconds 60                  # the short run CI does
 //! ```
 //!
@@ -31,7 +32,11 @@ use leasehold::dev::proxy::Proxy;
 use rand::Rng;
 use tokio::process::{Child, Command};
 
-const LEASEHOLD: &str = env!("CARGO_BIN_EXE_leasehold");
+/// The leasehold binary: `$LEASEHOLD_BIN`, else the one cargo built beside this program
+/// (a long soak should run a copy, so that a rebuild during the run cannot swap it).
+fn leasehold() -> PathBuf {
+    std::env::var_os("LEASEHOLD_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_leasehold")), PathBuf::from)
+}
 const NS: &str = "soak";
 
 /// The section every runner's CMD runs: it logs its start, leaves a ticking child
@@ -108,7 +113,7 @@ const FAULTS: [Fault; 7] = [
 async fn main() -> anyhow::Result<()> {
     leasehold::telemetry::init("warn,kube_client=error");
     let a = args();
-    let kubeconfig = leasehold::dev::spawn_for_process(Path::new(LEASEHOLD), Duration::from_secs(600))?;
+    let kubeconfig = leasehold::dev::spawn_for_process(&leasehold(), Duration::from_secs(600))?;
     let client = leasehold::kubeconfig::client_for(&kubeconfig).await?;
     let dir = std::env::temp_dir().join(format!("leasehold-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -247,7 +252,7 @@ fn api_port(kubeconfig: &Path) -> u16 {
 }
 
 fn start_controller(world: &World) -> anyhow::Result<()> {
-    let child = Command::new(LEASEHOLD)
+    let child = Command::new(leasehold())
         .args(["controller", "--namespace", NS, "--http-addr", "127.0.0.1:0"])
         .env("KUBECONFIG", world.dir.join("kubeconfig-controller"))
         .env("RUST_LOG", "error")
@@ -262,7 +267,7 @@ async fn run_loop(world: Arc<World>, i: usize, end: Instant) {
     let r = &world.runners[i];
     while Instant::now() < end {
         let uid = r.uid.lock().unwrap().clone();
-        let child = Command::new(LEASEHOLD)
+        let child = Command::new(leasehold())
             .arg("run")
             .arg("--kubeconfig")
             .arg(&r.kubeconfig)

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::Pid;
@@ -72,6 +73,11 @@ fn descendants_in(procs: &[Proc], root: i32) -> Vec<Proc> {
 /// zombies re-parented to us — except `spare`, a child someone else waits for (it is
 /// killed, not reaped). Returns whether everything died within [`KILL_TIMEOUT`].
 pub fn kill_descendants(spare: Option<Pid>) -> bool {
+    // The common case costs no /proc walk: with no child at all there is no descendant
+    // either (an orphaned one would have been re-parented to us, the subreaper).
+    if spare.is_none() && waitpid(None, Some(WaitPidFlag::WNOHANG)) == Err(Errno::ECHILD) {
+        return true;
+    }
     kill_descendants_of(std::process::id() as i32, spare)
 }
 
