@@ -55,7 +55,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
         .unwrap_or_else(|| client.default_namespace().to_string());
     let lock_name = args.lock.clone();
+    // A second pool for the claim's writes keeps the release off a cold connection.
+    let writes = crate::kubeconfig::client(args.kubeconfig.as_deref()).await?;
     let lock = Lock::builder(client, &namespace, &args.lock)
+        .write_client(writes)
         .on_wait(move |w| {
             eprintln!(
                 "leasehold: waiting for lock {lock_name}: position {} in queue, held by {}",

@@ -28,6 +28,7 @@ type OnWait = Arc<dyn Fn(&WaitStatus) + Send + Sync>;
 /// handle are reentrant: they share one grant, released when the last is released.
 pub struct Lock {
     client: Client,
+    writes: Client,
     name: String,
     identity: PodIdentity,
     on_wait: Option<OnWait>,
@@ -46,6 +47,7 @@ impl std::fmt::Debug for Lock {
 /// Builds a [`Lock`] with options.
 pub struct LockBuilder {
     client: Client,
+    writes: Option<Client>,
     namespace: String,
     name: String,
     identity: Option<PodIdentity>,
@@ -58,6 +60,16 @@ impl LockBuilder {
     /// Use this identity instead of `POD_NAME`/`POD_UID` from the environment.
     pub fn identity(mut self, identity: PodIdentity) -> Self {
         self.identity = Some(identity);
+        self
+    }
+
+    /// Send the claim's writes (create, renewals, the release) through `client`, a
+    /// client with a connection pool of its own. A long-running watch holds an HTTP/1.1
+    /// connection for as long as it runs, so with one pool the release may have to open
+    /// (and TLS-handshake) a new connection on the handoff path; a second pool keeps a
+    /// warm one for writes. Build it from the same configuration as the first.
+    pub fn write_client(mut self, client: Client) -> Self {
+        self.writes = Some(client);
         self
     }
 
@@ -83,6 +95,7 @@ impl LockBuilder {
             });
         }
         Ok(Lock {
+            writes: self.writes.unwrap_or_else(|| self.client.clone()),
             client: self.client,
             name: self.name,
             identity,
@@ -115,6 +128,7 @@ impl Lock {
     pub fn builder(client: Client, namespace: &str, name: &str) -> LockBuilder {
         LockBuilder {
             client,
+            writes: None,
             namespace: namespace.into(),
             name: name.into(),
             identity: None,
@@ -155,7 +169,7 @@ impl Lock {
         }
         let ns = &self.identity.namespace;
         let locks: Api<DistributedLock> = Api::namespaced(self.client.clone(), ns);
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), ns);
+        let leases: Api<Lease> = Api::namespaced(self.writes.clone(), ns);
         let spec = locks
             .get_opt(&self.name)
             .await
