@@ -66,6 +66,8 @@ const UNTIL_TERM: &str = r#"trap 'echo term $LEASEHOLD_FENCING_TOKEN $POD_NAME >
 
 /// A holder whose CMD is a shell that leaves a ticking grandchild behind when it dies.
 const FORKING: &str = r#"echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; sh -c 'while :; do echo tick >> $LOG; sleep 0.1; done' & wait"#;
+/// A holder whose CMD ignores SIGTERM (and so do its children): only SIGKILL stops it.
+const STUBBORN: &str = r#"trap '' TERM; echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; while :; do echo tick >> $LOG; sleep 0.1; done"#;
 /// A one-second section, long enough for a leftover ticker to show up inside it.
 const LONG_SECTION: &str = r#"echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; sleep 1; echo end $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG"#;
 
@@ -96,9 +98,7 @@ async fn forced_release_stops_the_children_of_a_forking_cmd_too() {
     ns.lock("l", spec(3)).await;
     let dir = scratch("forkrel");
     let (mut run_a, mut run_b) = forking_holder_and_waiter(&ns, &dir).await;
-    let claim_a = ns.locks().get("l").await.unwrap().status.unwrap().holders[0]
-        .claim
-        .clone();
+    let claim_a = holder_claim(&ns, "l").await;
     leases(&ns).delete(&claim_a, &Default::default()).await.unwrap();
     a_lost_then_b_ran_alone(&mut run_a, &mut run_b, &dir).await;
 }
@@ -265,9 +265,7 @@ async fn forced_release_stops_cmd_before_the_next_holder_starts() {
     ns.lock("l", spec(3)).await;
     let dir = scratch("forcedrun");
     let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, kubeconfig()).await;
-    let claim_a = ns.locks().get("l").await.unwrap().status.unwrap().holders[0]
-        .claim
-        .clone();
+    let claim_a = holder_claim(&ns, "l").await;
     leases(&ns)
         .delete(&claim_a, &Default::default())
         .await
@@ -362,8 +360,7 @@ async fn hold_back_after_a_forced_release_lasts_the_holders_lease_not_the_edited
     let dir = scratch("holdlease");
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
     // a's CMD ignores SIGTERM: only the SIGKILL a margin (5 s) after loss stops it.
-    let stubborn = r#"trap '' TERM; echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; while :; do echo tick >> $LOG; sleep 0.1; done"#;
-    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], stubborn);
+    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], STUBBORN);
     wait_log(&dir, "a ticks", |l| l.iter().any(|l| l[0] == "tick")).await;
     let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], LONG_SECTION);
     ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
@@ -373,9 +370,7 @@ async fn hold_back_after_a_forced_release_lasts_the_holders_lease_not_the_edited
         .patch("l", &Default::default(), &kube::api::Patch::Merge(&patch))
         .await
         .unwrap();
-    let claim_a = ns.locks().get("l").await.unwrap().status.unwrap().holders[0]
-        .claim
-        .clone();
+    let claim_a = holder_claim(&ns, "l").await;
     leases(&ns).delete(&claim_a, &Default::default()).await.unwrap();
     a_lost_then_b_ran_alone(&mut run_a, &mut run_b, &dir).await;
 }
@@ -387,14 +382,11 @@ async fn a_forged_release_mark_does_not_let_the_next_holder_in_early() {
     ns.lock("l", spec(3)).await;
     let dir = scratch("forge");
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    let stubborn = r#"trap '' TERM; echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; while :; do echo tick >> $LOG; sleep 0.1; done"#;
-    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], stubborn);
+    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], STUBBORN);
     wait_log(&dir, "a ticks", |l| l.iter().any(|l| l[0] == "tick")).await;
     let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], LONG_SECTION);
     ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
-    let claim_a = ns.locks().get("l").await.unwrap().status.unwrap().holders[0]
-        .claim
-        .clone();
+    let claim_a = holder_claim(&ns, "l").await;
     // A neighbour with patch rights on Leases writes a release mark, with a hash of
     // its own choosing to match (`kubectl annotate lease ... leasehold.dev/released=...`).
     let forged = serde_json::json!({"metadata": {"annotations": {

@@ -157,14 +157,7 @@ async fn malformed_claims_get_warnings_and_block_no_one() {
 
     // The controller still serves a healthy lock, and a lock whose name no claim can
     // carry says so in its Ready condition.
-    let g = Lock::builder(ns.client.clone(), &ns.name, "good")
-        .identity(h.clone())
-        .build()
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
-    g.release().await.unwrap();
+    take_turn(&ns, "good", h.clone()).await;
     let too_long = "x".repeat(64);
     ns.lock(&too_long, spec(15, 1)).await;
     let l = ns
@@ -216,12 +209,5 @@ async fn a_thousand_claims_on_one_lock_all_wait_in_order() {
     assert_eq!(l.status.as_ref().unwrap().queue_length, 999);
     // A healthy lock beside it is still served.
     ns.lock("other", spec(15, 1)).await;
-    let g = Lock::builder(ns.client.clone(), &ns.name, "other")
-        .identity(p)
-        .build()
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
-    g.release().await.unwrap();
+    take_turn(&ns, "other", p).await;
 }

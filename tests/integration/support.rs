@@ -367,3 +367,19 @@ pub async fn assert_undisturbed(ns: &TestNs, how_long: Duration) {
     let reasons = event_reasons(ns, "l").await;
     assert!(!reasons.iter().any(|r| r == "Revoked" || r == "Dropped"), "{reasons:?}");
 }
+
+/// The claim of lock `lock`'s first holder.
+pub async fn holder_claim(ns: &TestNs, lock: &str) -> String {
+    let l = ns.locks().get(lock).await.expect("read the lock");
+    l.status.expect("the lock has a status").holders[0].claim.clone()
+}
+
+/// Pod `pod` acquires lock `lock` through the library and releases it at once.
+pub async fn take_turn(ns: &TestNs, lock: &str, pod: PodIdentity) {
+    let handle = leasehold::client::Lock::builder(ns.client.clone(), &ns.name, lock)
+        .identity(pod)
+        .build()
+        .expect("a lock handle");
+    let guard = handle.acquire().await.expect("acquire");
+    guard.release().await.expect("release");
+}
