@@ -3,12 +3,21 @@
 
 use clap::Parser;
 
-fn main() -> anyhow::Result<std::process::ExitCode> {
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
     let cli = leasehold::cli::Cli::parse();
     if let Some(code) = leasehold::cli::run_sync(&cli) {
-        return Ok(code);
+        return code;
     }
     leasehold::telemetry::init(cli.default_log_filter());
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(leasehold::cli::run(cli))
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| runtime.block_on(leasehold::cli::run(cli)));
+    result.unwrap_or_else(|e| {
+        eprintln!("leasehold: {e:#}");
+        ExitCode::from(leasehold::cli::EXIT_OWN_ERROR)
+    })
 }

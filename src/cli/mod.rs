@@ -10,6 +10,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// Exit status for leasehold's own failures (as `env` and `timeout` use), so that they
+/// cannot be mistaken for a wrapped command's status.
+pub const EXIT_OWN_ERROR: u8 = 125;
+
 /// Fair (FIFO), fenced distributed locks for Kubernetes pods.
 #[derive(Parser, Debug)]
 #[command(name = "leasehold", version, about)]

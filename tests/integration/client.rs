@@ -185,6 +185,24 @@ async fn eight_runs_take_turns_in_request_order_with_increasing_tokens() {
 }
 
 #[tokio::test]
+async fn run_exits_125_for_its_own_errors_not_as_a_command_would() {
+    let ns = TestNs::new("own").await;
+    let out = Command::new(LEASEHOLD)
+        .arg("run")
+        .arg("--kubeconfig")
+        .arg(kubeconfig())
+        .args(["--lock", "l", "--namespace", &ns.name, "--", "true"])
+        .env("POD_NAME", "p")
+        .env_remove("POD_UID")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("POD_UID"), "the error names what is missing: {stderr}");
+}
+
+#[tokio::test]
 async fn run_times_out_with_status_75_and_withdraws_its_claim() {
     let ns = TestNs::new("timeout").await;
     let _c = spawn_controller(&ns, "timeout");
