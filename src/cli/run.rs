@@ -91,6 +91,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         eprintln!("leasehold: the grant was lost before the command started");
         return Ok(ExitCode::from(EXIT_LOST));
     }
+    // Anything of CMD's that outlives its supervisor (killed itself, or unable to kill
+    // the tree in time) is re-parented to us, and killed before the release.
+    nix::sys::prctl::set_child_subreaper(true)?;
     let mut child = cmd.spawn()?;
     let pid = Pid::from_raw(child.id().expect("a just-spawned child has a pid") as i32);
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
@@ -110,18 +113,33 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                         let _ = child.kill().await;
                     }
                 }
-                if let Err(e) = guard.release().await {
+                if !outlived_by_nothing() {
+                    guard.abandon();
+                } else if let Err(e) = guard.release().await {
                     eprintln!("leasehold: {e}");
                 }
                 return Ok(ExitCode::from(EXIT_LOST));
             }
         }
     };
-    if let Err(e) = guard.release().await {
+    if !outlived_by_nothing() {
+        guard.abandon();
+    } else if let Err(e) = guard.release().await {
         // CMD's work is done: its status is ours. The claim expires within a lease.
         eprintln!("leasehold: {e}; the claim will expire instead");
     }
     Ok(exit_code(status))
+}
+
+/// Kill whatever of CMD's tree is left (re-parented to us); true when nothing is, so
+/// the release may be written. Otherwise the claim is left to expire: by then the
+/// controller counts a lease, and the processes that would not die are not our grant's.
+fn outlived_by_nothing() -> bool {
+    let clean = crate::supervise::kill_descendants(None);
+    if !clean {
+        eprintln!("leasehold: processes of the command did not die; not releasing: the claim will expire");
+    }
+    clean
 }
 
 /// CMD's exit status as ours: its code, or 128 + the signal that ended it.

@@ -90,6 +90,18 @@ impl Guard {
     }
 }
 
+impl Guard {
+    /// Give the grant up without releasing it: renewals stop and the claim is left to
+    /// expire (after a lease the controller passes the slot on). For a holder that
+    /// cannot be sure its work has stopped, so must not say it has.
+    pub fn abandon(mut self) {
+        self.released = true;
+        if self.held.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.held.session.finish();
+        }
+    }
+}
+
 impl Drop for Guard {
     fn drop(&mut self) {
         if self.released || self.held.count.fetch_sub(1, Ordering::SeqCst) != 1 {

@@ -29,6 +29,7 @@ pub(crate) struct LockWatch {
     name: String,
     events: BoxStream<'static, Result<Event<DistributedLock>, watcher::Error>>,
     check: Interval,
+    check_every: Duration,
     /// Whether the current (re)list showed the lock.
     listed: bool,
     /// The newest resourceVersion passed on, so an older observation is never
@@ -50,6 +51,7 @@ impl LockWatch {
             name: name.into(),
             events,
             check,
+            check_every,
             listed: false,
             newest: 0,
         }
@@ -76,10 +78,14 @@ impl LockWatch {
                         continue;
                     }
                 },
-                _ = self.check.tick() => match self.api.get_opt(&self.name).await {
-                    Ok(Some(lock)) => Seen::Lock(Box::new(lock)),
-                    Ok(None) => Seen::Gone,
-                    Err(e) => {
+                _ = self.check.tick() => match tokio::time::timeout(self.check_every, self.api.get_opt(&self.name)).await {
+                    Ok(Ok(Some(lock))) => Seen::Lock(Box::new(lock)),
+                    Ok(Ok(None)) => Seen::Gone,
+                    Err(_) => {
+                        tracing::debug!("reading the lock timed out; retrying");
+                        continue;
+                    }
+                    Ok(Err(e)) => {
                         tracing::debug!(error = %e, "reading the lock failed; retrying");
                         continue;
                     }

@@ -57,7 +57,13 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         if let Some(problem) = claim::lease_problem(lease_obj) {
             warnings.push((lease_obj.clone(), "ClaimLease", problem));
         }
-        let own = claim::claim_lease_duration(lease_obj);
+        // A holder lives by the lease recorded at its grant, whatever its claim says now
+        // (a neighbour may patch the claim): never judge it by less.
+        let name_of = lease_obj.name_any();
+        let recorded = status.holders.iter().find(|h| h.claim == name_of);
+        let recorded = recorded.and_then(|h| h.lease_duration_seconds).unwrap_or(0);
+        let own = claim::claim_lease_duration(lease_obj)
+            .max(Duration::from_secs(recorded.clamp(0, MAX_LEASE_SECONDS) as u64));
         let expires = tracker.expires_at(lease_obj, lease, own, now);
         let expired = now >= expires;
         if expired {
@@ -209,8 +215,9 @@ pub fn pod_views<'a>(store: &Store<Pod>, ns: &str, names: impl Iterator<Item = &
     for name in names {
         let key = kube::runtime::reflector::ObjectRef::new(name).within(ns);
         if let Some(pod) = store.get(&key) {
+            // Finished only when the kubelet reported its containers stopped, too.
             let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-            let finished = matches!(phase, Some("Succeeded" | "Failed"));
+            let finished = matches!(phase, Some("Succeeded" | "Failed")) && pod_stopped(&pod);
             out.insert(
                 name.to_string(),
                 PodView {
@@ -223,20 +230,21 @@ pub fn pod_views<'a>(store: &Store<Pod>, ns: &str, names: impl Iterator<Item = &
     out
 }
 
-/// Whether the kubelet's own report says every process of the pod has stopped: its
-/// phase is Succeeded or Failed, or every container's state is terminated.
+/// Whether the kubelet's own report says every process of the pod has stopped: every
+/// container (init and sidecar containers included) is in state terminated. A final
+/// phase alone is not proof: the pod garbage collector marks the pods of a deleted
+/// node `Failed` without anyone having stopped them.
 pub fn pod_stopped(pod: &Pod) -> bool {
     let Some(status) = pod.status.as_ref() else {
         return false;
     };
-    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
-        return true;
-    }
-    let containers = status.container_statuses.as_deref().unwrap_or_default();
-    !containers.is_empty()
-        && containers
-            .iter()
+    let terminated = |cs: &Option<Vec<ContainerStatus>>| {
+        cs.iter()
+            .flatten()
             .all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
+    };
+    let containers = status.container_statuses.as_deref().unwrap_or_default();
+    !containers.is_empty() && terminated(&status.container_statuses) && terminated(&status.init_container_statuses)
 }
 
 /// Strip a pod down to what the controller needs (name, namespace, uid, phase, and
@@ -258,12 +266,11 @@ pub fn slim_pod(pod: &mut Pod) {
             }),
             ..Default::default()
         };
+        let slim = |cs: &Option<Vec<ContainerStatus>>| cs.as_ref().map(|cs| cs.iter().map(terminated).collect());
         *status = PodStatus {
             phase: status.phase.take(),
-            container_statuses: status
-                .container_statuses
-                .as_ref()
-                .map(|cs| cs.iter().map(terminated).collect()),
+            container_statuses: slim(&status.container_statuses),
+            init_container_statuses: slim(&status.init_container_statuses),
             ..Default::default()
         };
     }

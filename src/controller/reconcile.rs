@@ -39,6 +39,9 @@ pub enum Error {
     /// Reading a claim afresh before expiring it failed.
     #[error("confirming the expiry of claim {0}: {1}")]
     ConfirmExpiry(String, #[source] kube::Error),
+    /// A claim judged expired is gone, and the claim watch has not shown it yet.
+    #[error("claim {0} is gone but the claim watch has not shown it yet; waiting for it")]
+    ClaimGoneUnseen(String),
     /// Conflicts kept happening.
     #[error("DistributedLock {0}: {MAX_CONFLICT_RETRIES} write conflicts in a row")]
     Conflicts(String),
@@ -51,6 +54,7 @@ impl Error {
             Error::WriteStatus(..) => "write_status",
             Error::Reread(..) => "reread",
             Error::ConfirmExpiry(..) => "confirm_expiry",
+            Error::ClaimGoneUnseen(..) => "claim_gone_unseen",
             Error::Conflicts(..) => "conflicts",
         }
     }
@@ -107,7 +111,10 @@ async fn renewed_unseen(ctx: &Context, ns: &str, plan: &Plan) -> Result<bool, Er
         let name = claim.name_any();
         let fresh = match leases.get_opt(&name).await {
             Ok(Some(fresh)) => fresh,
-            Ok(None) => continue, // gone: its deletion is on the way to the watch
+            // Gone, and the watch has not shown it yet: the claim may have been renewed
+            // until just before, so it is no expired claim. Wait for the watch to show
+            // the deletion (then a live holder's slot is held back as for a forced release).
+            Ok(None) => return Err(Error::ClaimGoneUnseen(name)),
             Err(e) => return Err(Error::ConfirmExpiry(name, e)),
         };
         let mut tracker = ctx.tracker.lock().expect("tracker lock poisoned");

@@ -96,9 +96,17 @@ impl Tracker {
         self.claims.get(&key).is_none_or(|s| s.renew_time != renewed)
     }
 
-    /// Forget a deleted claim, and the warnings said about it.
-    pub fn forget(&mut self, lease: &Lease) {
+    /// Forget a deleted claim, and the warnings said about it. A revoked holder's
+    /// hold-back counts from no earlier than now: it may have renewed its claim until
+    /// just before the deletion.
+    pub fn forget(&mut self, lease: &Lease, now: Instant) {
         let key = (lease.namespace().unwrap_or_default(), lease.name_any());
+        if let Some(lock) = crate::protocol::claim::claim_lock(lease) {
+            let revoked = (key.0.clone(), lock.to_string(), key.1.clone());
+            if let Some(from) = self.revoked.get_mut(&revoked) {
+                *from = (*from).max(now);
+            }
+        }
         if let Some(seen) = self.claims.remove(&key) {
             self.warned.retain(|(uid, _)| uid != &seen.uid);
         }
@@ -283,7 +291,7 @@ mod tests {
         t.observe(&claim("a", "1"), Instant::now());
         assert!(t.first_warning("uid-a", "InvalidClaim"));
         assert!(!t.first_warning("uid-a", "InvalidClaim"));
-        t.forget(&claim("a", "1"));
+        t.forget(&claim("a", "1"), Instant::now());
         assert!(t.first_warning("uid-a", "InvalidClaim"));
     }
 }

@@ -45,7 +45,7 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         let mut t = t.lock().expect("tracker lock poisoned");
         match ev {
             watcher::Event::Apply(l) | watcher::Event::InitApply(l) => t.observe(l, Instant::now()),
-            watcher::Event::Delete(l) => t.forget(l),
+            watcher::Event::Delete(l) => t.forget(l, Instant::now()),
             watcher::Event::Init => t.relist_started(),
             watcher::Event::InitDone => t.relist_done(),
         }

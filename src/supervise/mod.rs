@@ -26,7 +26,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 mod tree;
 
-pub use tree::KILL_TIMEOUT;
+pub use tree::{KILL_TIMEOUT, kill_descendants};
 
 /// The signal `leasehold run` sends the supervisor to kill CMD's whole process tree.
 pub const KILL_TREE_SIGNAL: Signal = Signal::SIGUSR1;

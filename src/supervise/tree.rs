@@ -52,6 +52,11 @@ fn processes() -> Vec<Proc> {
         .collect()
 }
 
+/// How many threads `/proc/PID/task` lists (0 once the process is gone).
+fn tasks(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
 /// Every descendant of `root` among `procs`, parents before children.
 fn descendants_in(procs: &[Proc], root: i32) -> Vec<Proc> {
     let mut children: HashMap<i32, Vec<Proc>> = HashMap::new();
@@ -85,16 +90,16 @@ fn kill_descendants_of(me: i32, spare: Option<Pid>) -> bool {
     let end = Instant::now() + KILL_TIMEOUT;
     loop {
         let all = descendants_in(&processes(), me);
+        // A process whose main thread exited shows as a zombie while its other threads
+        // run on: only a zombie with one task left is dead. Killing a zombie is harmless.
+        let dead = |p: &Proc| p.zombie && tasks(p.pid) <= 1;
         for p in &all {
-            if p.zombie {
-                if p.ppid == me && Some(Pid::from_raw(p.pid)) != spare {
-                    let _ = waitpid(Pid::from_raw(p.pid), Some(WaitPidFlag::WNOHANG));
-                }
-            } else {
-                let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+            if dead(p) && p.ppid == me && Some(Pid::from_raw(p.pid)) != spare {
+                let _ = waitpid(Pid::from_raw(p.pid), Some(WaitPidFlag::WNOHANG));
             }
         }
-        if all.iter().all(|p| p.zombie) {
+        if all.iter().all(dead) {
             return true;
         }
         if Instant::now() > end {

@@ -104,6 +104,40 @@ async fn forced_release_stops_the_children_of_a_forking_cmd_too() {
 }
 
 #[tokio::test]
+async fn sigkill_of_the_supervisor_leaves_nothing_of_cmd_running_past_the_release() {
+    let ns = TestNs::new("forksup").await;
+    let _c = spawn_controller(&ns, "forksup");
+    ns.lock("l", spec(3)).await;
+    let dir = scratch("forksup");
+    let (mut run_a, mut run_b) = forking_holder_and_waiter(&ns, &dir).await;
+    // CMD's parent is the supervisor: kill it as the OOM killer would.
+    let cmd_pid: i32 = log(&dir)[0][3].parse().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{cmd_pid}/stat")).unwrap();
+    let supervisor: i32 = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(supervisor),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(128 + 9),
+        "run reports how its command's supervisor ended"
+    );
+    assert!(run_b.wait().await.unwrap().success());
+    assert_eq!(ticks_after_b_started(&dir), 0, "a's CMD ran on after b started");
+}
+
+#[tokio::test]
 async fn sigkill_of_run_kills_the_children_of_a_forking_cmd_too() {
     let ns = TestNs::new("forkkill").await;
     let _c = spawn_controller(&ns, "forkkill");

@@ -75,6 +75,7 @@ async fn holder_pod_deleted_or_finished_revokes_at_once() {
         .await;
     assert_eq!(tokens(&l), [2]);
 
+    ns.stop_containers("b").await;
     ns.set_phase("b", "Succeeded").await;
     let l = ns
         .wait_lock("l", "c holds after b's pod finished", |l| holders(l) == ["c"])
@@ -100,8 +101,10 @@ async fn a_force_deleted_holder_pod_holds_its_slot_back_for_a_lease() {
     let cb = claim(&ns, "l", &b, lease).await;
     let _rb = keep_renewing(&ns, &cb, Duration::from_millis(500));
     ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
-    // No kubelet said a's containers stopped: the object is simply removed.
+    // No kubelet said a's containers stopped: the pod garbage collector of a deleted
+    // node marks the pod Failed (Kubernetes >= 1.26) and removes the object.
     let deleted = Instant::now();
+    ns.set_phase("a", "Failed").await;
     ns.delete_pod("a").await;
     let l = ns
         .wait_lock("l", "a revoked but its slot held back", |l| {
@@ -166,6 +169,32 @@ async fn a_stalled_claim_watch_never_expires_a_live_holder() {
     assert_undisturbed(&ns, Duration::from_secs(8)).await;
     proxy.thaw();
     assert_undisturbed(&ns, Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_holder_is_judged_by_the_lease_of_its_grant_not_a_patched_claim() {
+    let ns = TestNs::new("leasepatch").await;
+    let _c = spawn_controller(&ns, "leasepatch");
+    ns.lock("l", spec(20, 1)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let ca = claim(&ns, "l", &a, 20).await;
+    // a renews as its 20 s lease asks: every 5 s.
+    let _ra = keep_renewing(&ns, &ca, Duration::from_secs(5));
+    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    let cb = claim(&ns, "l", &b, 20).await;
+    let _rb = keep_renewing(&ns, &cb, Duration::from_millis(500));
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    // The lock is edited to 1 s, and a neighbour patches a's claim down to 1 s too.
+    let short = serde_json::json!({"spec": {"leaseDurationSeconds": 1}});
+    ns.locks()
+        .patch("l", &PatchParams::default(), &Patch::Merge(&short))
+        .await
+        .unwrap();
+    leases(&ns)
+        .patch(&ca, &PatchParams::default(), &Patch::Merge(&short))
+        .await
+        .unwrap();
+    assert_undisturbed(&ns, Duration::from_secs(8)).await;
 }
 
 #[tokio::test]
