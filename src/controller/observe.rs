@@ -204,6 +204,7 @@ pub fn claim_view(
         released: mark == Mark::Valid,
         forged: mark == Mark::Forged,
         release_hash: recorded,
+        stamped_token: claim::stamped_token(lease),
         expired,
         lease_seconds: claim::claim_lease_seconds(lease),
     }

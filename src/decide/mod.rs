@@ -91,8 +91,9 @@ pub fn decide(world: &World<'_>) -> Decision {
     let claims: BTreeMap<&str, &ClaimView> = world.claims.iter().map(|c| (c.name.as_str(), c)).collect();
     let mut known: BTreeSet<&str> = BTreeSet::new();
 
-    let holders = decide_holders(world, &claims, &mut known, &mut d);
-    let queue = decide_queue(world, &claims, &mut known, &mut d);
+    let mut holders = decide_holders(world, &claims, &mut known, &mut d);
+    let (queue, stale) = decide_queue(world, &claims, &mut known, &mut d);
+    holders.extend(stale);
     // A fresh lock takes its epoch from the caller's clock; a lock that issued tokens
     // before epochs existed keeps counting from them.
     let epoch = match world.status.fencing_token_epoch {
@@ -101,7 +102,7 @@ pub fn decide(world: &World<'_>) -> Decision {
         None => 0,
     };
     d.status.fencing_token_epoch = Some(epoch);
-    let issued = world.status.holders.iter().map(|h| h.fencing_token);
+    let issued = world.status.holders.iter().chain(&holders).map(|h| h.fencing_token);
     d.status.fencing_token = issued.fold(world.status.fencing_token.max(epoch), i64::max);
     d.status.holders = holders;
     d.status.queue = queue;
@@ -126,7 +127,13 @@ fn decide_holders<'w>(
         let token = h.fencing_token;
         let live = liveness(world, &h.pod, &h.pod_uid);
         if h.revoked.is_some() {
-            if matches!(live, Liveness::Stopped(_)) || world.hold_back_elapsed.contains(&h.claim) {
+            // Its process says it has stopped (a valid release), its pod has, or it has
+            // had a lease to stop itself: the slot passes on.
+            let released = claims.get(h.claim.as_str()).is_some_and(|c| c.released);
+            if released {
+                d.delete_claims.push(h.claim.clone());
+            }
+            if released || matches!(live, Liveness::Stopped(_)) || world.hold_back_elapsed.contains(&h.claim) {
                 d.actions.push(act(ActionKind::SlotFreed(token)));
             } else {
                 kept.push(h.clone());
@@ -167,14 +174,18 @@ fn decide_holders<'w>(
     kept
 }
 
-/// Carry each waiter forward or drop it, then append new claims by arrival.
+/// Carry each waiter forward or drop it, then append new claims by arrival. A new
+/// claim stamped with a fencing token was granted by an earlier incarnation of this
+/// lock (deleted and re-created): it comes back as a revoked holder whose slot is held
+/// back, not as a waiter.
 fn decide_queue<'w>(
     world: &World<'w>,
     claims: &BTreeMap<&str, &ClaimView>,
     known: &mut BTreeSet<&'w str>,
     d: &mut Decision,
-) -> Vec<Waiter> {
+) -> (Vec<Waiter>, Vec<Holder>) {
     let mut queue = Vec::new();
+    let mut stale = Vec::new();
     for w in &world.status.queue {
         if !known.insert(w.claim.as_str()) {
             continue;
@@ -219,6 +230,30 @@ fn decide_queue<'w>(
             }
             Liveness::Stopped(_) | Liveness::Unknown(_) => Some(IgnoreReason::PodNotFound),
         };
+        if let Some(token) = c.stamped_token {
+            let live = liveness(world, &c.pod, &c.pod_uid);
+            if matches!(live, Liveness::Stopped(_)) {
+                d.delete_claims.push(c.name.clone());
+                continue;
+            }
+            let reason = RevokeReason::ForceReleased;
+            stale.push(Holder {
+                claim: c.name.clone(),
+                pod: c.pod.clone(),
+                pod_uid: c.pod_uid.clone(),
+                fencing_token: token,
+                granted_at: Time(world.now),
+                lease_duration_seconds: Some(c.lease_seconds).filter(|l| *l > 0),
+                release_hash: c.release_hash.clone(),
+                revoked: Some(Revocation {
+                    reason,
+                    at: Time(world.now),
+                }),
+            });
+            d.actions
+                .push(Action::new(&c.name, &c.pod, ActionKind::Revoked(token, reason)));
+            continue;
+        }
         if let Some(reason) = ignore {
             d.ignored.push((c.name.clone(), reason));
             continue;
@@ -233,7 +268,7 @@ fn decide_queue<'w>(
         d.actions
             .push(Action::new(&c.name, &c.pod, ActionKind::Enqueued(queue.len())));
     }
-    queue
+    (queue, stale)
 }
 
 /// Grant queue heads while slots are free.

@@ -65,6 +65,7 @@ impl Fixture {
             released: false,
             forged: false,
             release_hash: None,
+            stamped_token: None,
             expired: false,
             lease_seconds: 15,
         });
@@ -344,6 +345,24 @@ fn a_lock_that_issued_tokens_before_epochs_keeps_counting() {
     let d = f.decide();
     assert_eq!(d.granted(), [("b", 2)]);
     assert_eq!(d.status.fencing_token_epoch, Some(0));
+}
+
+#[test]
+fn a_claim_granted_by_an_earlier_incarnation_holds_its_slot_back_until_released() {
+    // The lock was deleted and re-created: its status is new, the old holder's claim
+    // (stamped with its token) is still there, and so is a waiter's.
+    let mut f = lock().claims("old").claims("w");
+    f.claims[0].stamped_token = Some(7);
+    let (f, d) = f.then();
+    assert_eq!(d.revoked(), [("old", RevokeReason::ForceReleased)]);
+    assert_eq!(d.holders(), ["old"], "the old holder's process may run on: held back");
+    assert_eq!(d.queue(), ["w"]);
+    assert!(d.status.fencing_token >= 7);
+    assert!(f.clone().decide().actions.is_empty(), "deciding again changes nothing");
+    // Its process stops and releases: the slot passes on at once.
+    let d = f.released("old").decide();
+    assert_eq!(d.holders(), ["w"]);
+    assert!(d.granted()[0].1 > 7);
 }
 
 #[test]

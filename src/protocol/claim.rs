@@ -163,6 +163,11 @@ pub fn claim_lock(lease: &Lease) -> Option<&str> {
         .filter(|l| !l.is_empty())
 }
 
+/// The fencing token the controller stamped on the claim when it granted it.
+pub fn stamped_token(lease: &Lease) -> Option<i64> {
+    lease.annotations().get(FENCING_TOKEN_ANNOTATION)?.parse().ok()
+}
+
 /// Whether the claim carries a release mark (valid or not: see [`super::release`]).
 pub fn has_release_mark(lease: &Lease) -> bool {
     lease.annotations().contains_key(RELEASED_ANNOTATION)
