@@ -89,12 +89,9 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         &ns,
         pod_names.chain(status.queue.iter().map(|w| w.pod.as_str())),
     );
-    let stopped_pods = status
-        .holders
-        .iter()
-        .map(|h| h.pod_uid.clone())
-        .filter(|uid| tracker.pod_stopped(uid))
-        .collect();
+    let uids = status.holders.iter().map(|h| h.pod_uid.as_str());
+    let uids = uids.chain(claims.iter().map(|c| c.pod_uid.as_str()));
+    let stopped_pods = uids.filter(|uid| tracker.pod_stopped(uid)).map(String::from).collect();
     let mut elapsed = BTreeSet::new();
     for h in status.holders.iter().filter(|h| h.revoked.is_some()) {
         let renewed = leases

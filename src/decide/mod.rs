@@ -91,9 +91,6 @@ pub fn decide(world: &World<'_>) -> Decision {
     let claims: BTreeMap<&str, &ClaimView> = world.claims.iter().map(|c| (c.name.as_str(), c)).collect();
     let mut known: BTreeSet<&str> = BTreeSet::new();
 
-    let mut holders = decide_holders(world, &claims, &mut known, &mut d);
-    let (queue, stale) = decide_queue(world, &claims, &mut known, &mut d);
-    holders.extend(stale);
     // A fresh lock takes its epoch from the caller's clock; a lock that issued tokens
     // before epochs existed keeps counting from them.
     let epoch = match world.status.fencing_token_epoch {
@@ -102,6 +99,9 @@ pub fn decide(world: &World<'_>) -> Decision {
         None => 0,
     };
     d.status.fencing_token_epoch = Some(epoch);
+    let mut holders = decide_holders(world, &claims, &mut known, &mut d);
+    let (queue, stale) = decide_queue(world, &claims, epoch, &mut known, &mut d);
+    holders.extend(stale);
     let issued = world.status.holders.iter().chain(&holders).map(|h| h.fencing_token);
     d.status.fencing_token = issued.fold(world.status.fencing_token.max(epoch), i64::max);
     d.status.holders = holders;
@@ -181,6 +181,7 @@ fn decide_holders<'w>(
 fn decide_queue<'w>(
     world: &World<'w>,
     claims: &BTreeMap<&str, &ClaimView>,
+    epoch: i64,
     known: &mut BTreeSet<&'w str>,
     d: &mut Decision,
 ) -> (Vec<Waiter>, Vec<Holder>) {
@@ -230,7 +231,9 @@ fn decide_queue<'w>(
             }
             Liveness::Stopped(_) | Liveness::Unknown(_) => Some(IgnoreReason::PodNotFound),
         };
-        if let Some(token) = c.stamped_token {
+        // Stamped below this incarnation's epoch: granted by an earlier one. (A claim of
+        // this incarnation awaiting its deletion carries a token at or above the epoch.)
+        if let Some(token) = c.stamped_token.filter(|t| *t < epoch) {
             let live = liveness(world, &c.pod, &c.pod_uid);
             if matches!(live, Liveness::Stopped(_)) {
                 d.delete_claims.push(c.name.clone());
