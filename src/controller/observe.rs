@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 
 use super::context::Context;
-use super::tracker::Tracker;
+use super::tracker::{Tracker, pod_stopped};
 use crate::api::{DistributedLock, DistributedLockStatus, Holder};
 use crate::decide::{ClaimView, Decision, PodView, World, decide};
 use crate::protocol::claim;
@@ -226,23 +226,6 @@ pub fn pod_views<'a>(store: &Store<Pod>, ns: &str, names: impl Iterator<Item = &
         }
     }
     out
-}
-
-/// Whether the kubelet's own report says every process of the pod has stopped: every
-/// container (init and sidecar containers included) is in state terminated. A final
-/// phase alone is not proof: the pod garbage collector marks the pods of a deleted
-/// node `Failed` without anyone having stopped them.
-pub fn pod_stopped(pod: &Pod) -> bool {
-    let Some(status) = pod.status.as_ref() else {
-        return false;
-    };
-    let terminated = |cs: &Option<Vec<ContainerStatus>>| {
-        cs.iter()
-            .flatten()
-            .all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
-    };
-    let containers = status.container_statuses.as_deref().unwrap_or_default();
-    !containers.is_empty() && terminated(&status.container_statuses) && terminated(&status.init_container_statuses)
 }
 
 /// Strip a pod down to what the controller needs (name, namespace, uid, phase, and

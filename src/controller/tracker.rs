@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::ResourceExt;
 
 use crate::decide::Arrival;
@@ -186,7 +186,7 @@ impl Tracker {
     pub fn pod_departed(&mut self, pod: &Pod, now: Instant) {
         self.stopped_pods
             .retain(|_, at| now.saturating_duration_since(*at) < STOPPED_POD_MEMORY);
-        if super::observe::pod_stopped(pod) {
+        if pod_stopped(pod) {
             self.stopped_pods.insert(pod.uid().unwrap_or_default(), now);
         }
     }
@@ -206,6 +206,23 @@ impl Tracker {
     pub fn first_warning(&mut self, uid: &str, reason: &'static str) -> bool {
         self.warned.insert((uid.to_string(), reason))
     }
+}
+
+/// Whether the kubelet's own report says every process of the pod has stopped: every
+/// container (init and sidecar containers included) is in state terminated. A final
+/// phase alone is not proof: the pod garbage collector marks the pods of a deleted
+/// node `Failed` without anyone having stopped them.
+pub fn pod_stopped(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    let terminated = |cs: &Option<Vec<ContainerStatus>>| {
+        cs.iter()
+            .flatten()
+            .all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
+    };
+    let containers = status.container_statuses.as_deref().unwrap_or_default();
+    !containers.is_empty() && terminated(&status.container_statuses) && terminated(&status.init_container_statuses)
 }
 
 /// A claim's `spec.renewTime` as written (empty when absent).
