@@ -20,7 +20,7 @@
 //! violation.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -118,7 +118,7 @@ async fn main() -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("leasehold-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     setup(&client, a.lease).await?;
-    let upstream = api_port(&kubeconfig);
+    let upstream = leasehold::dev::proxy::api_port(&kubeconfig)?;
     let controller_proxy = Proxy::start(upstream).await;
     controller_proxy.kubeconfig(&kubeconfig, &dir.join("kubeconfig-controller"))?;
     let mut runners = Vec::new();
@@ -239,18 +239,6 @@ async fn create_pod(client: &Client, name: &str) -> anyhow::Result<String> {
     }
 }
 
-fn api_port(kubeconfig: &Path) -> u16 {
-    let text = std::fs::read_to_string(kubeconfig).expect("read the kubeconfig");
-    let server = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: https://127.0.0.1:"));
-    server
-        .expect("a loopback server")
-        .trim_end_matches('/')
-        .parse()
-        .expect("a port")
-}
-
 fn start_controller(world: &World) -> anyhow::Result<()> {
     let child = Command::new(leasehold())
         .args(["controller", "--namespace", NS, "--http-addr", "127.0.0.1:0"])
@@ -302,7 +290,6 @@ async fn run_loop(world: Arc<World>, i: usize, end: Instant) {
 /// Inject one fault; returns whether it could be injected.
 async fn inject(world: &Arc<World>, fault: Fault) -> bool {
     let pick = rand::rng().random_range(0..world.runners.len());
-    let twice = world.lease * 2;
     match fault {
         Fault::ControllerKill => {
             if let Some(mut c) = world.controller.lock().unwrap().take() {
@@ -315,36 +302,35 @@ async fn inject(world: &Arc<World>, fault: Fault) -> bool {
             let mut child = world.runners[pick].child.lock().unwrap();
             child.as_mut().is_some_and(|c| c.start_kill().is_ok())
         }
-        Fault::RunnerBlackHole => {
-            let w = world.clone();
-            w.runners[pick].proxy.black_hole();
-            tokio::spawn(async move {
-                tokio::time::sleep(twice).await;
-                w.runners[pick].proxy.restore();
-            });
-            true
-        }
-        Fault::ControllerWatchStall => {
-            let w = world.clone();
-            w.controller_proxy.freeze_open();
-            tokio::spawn(async move {
-                tokio::time::sleep(twice).await;
-                w.controller_proxy.thaw();
-            });
-            true
-        }
-        Fault::ControllerBlackHole => {
-            let w = world.clone();
-            w.controller_proxy.black_hole();
-            tokio::spawn(async move {
-                tokio::time::sleep(twice).await;
-                w.controller_proxy.restore();
-            });
-            true
-        }
+        Fault::RunnerBlackHole => for_two_leases(
+            world,
+            move |w| w.runners[pick].proxy.black_hole(),
+            move |w| w.runners[pick].proxy.restore(),
+        ),
+        Fault::ControllerWatchStall => for_two_leases(
+            world,
+            |w| w.controller_proxy.freeze_open(),
+            |w| w.controller_proxy.thaw(),
+        ),
+        Fault::ControllerBlackHole => for_two_leases(
+            world,
+            |w| w.controller_proxy.black_hole(),
+            |w| w.controller_proxy.restore(),
+        ),
         Fault::PodForceDelete => force_delete_holder(world).await,
         Fault::ForgedRelease => forge_release(world).await,
     }
+}
+
+/// Put a fault in place now and take it away two leases later; always injected.
+fn for_two_leases(world: &Arc<World>, on: impl FnOnce(&World), off: impl FnOnce(&World) + Send + 'static) -> bool {
+    on(world);
+    let w = world.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(w.lease * 2).await;
+        off(&w);
+    });
+    true
 }
 
 async fn holder(world: &World) -> Option<(String, String)> {
@@ -366,7 +352,11 @@ async fn force_delete_holder(world: &Arc<World>) -> bool {
     let Some(i) = world.runners.iter().position(|r| r.pod == pod) else {
         return false;
     };
-    world.runners[i].proxy.black_hole();
+    for_two_leases(
+        world,
+        move |w| w.runners[i].proxy.black_hole(),
+        move |w| w.runners[i].proxy.restore(),
+    );
     let pods: Api<Pod> = Api::namespaced(world.client.clone(), NS);
     let now = DeleteParams {
         grace_period_seconds: Some(0),
@@ -376,12 +366,6 @@ async fn force_delete_holder(world: &Arc<World>) -> bool {
     if let Ok(uid) = create_pod(&world.client, &pod).await {
         *world.runners[i].uid.lock().unwrap() = uid;
     }
-    let w = world.clone();
-    let twice = world.lease * 2;
-    tokio::spawn(async move {
-        tokio::time::sleep(twice).await;
-        w.runners[i].proxy.restore();
-    });
     deleted
 }
 

@@ -103,15 +103,21 @@ impl Proxy {
     /// A copy of `kubeconfig` (loopback API server) whose server is this proxy, written
     /// as `path`.
     pub fn kubeconfig(&self, kubeconfig: &std::path::Path, path: &std::path::Path) -> std::io::Result<()> {
+        let port = api_port(kubeconfig)?;
         let text = std::fs::read_to_string(kubeconfig)?;
-        let server = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("server: https://127.0.0.1:"))
-            .ok_or_else(|| std::io::Error::other("no loopback server in the kubeconfig"))?;
-        let port = server.trim_end_matches('/');
         let text = text.replace(&format!("127.0.0.1:{port}"), &format!("127.0.0.1:{}", self.port));
         std::fs::write(path, text)
     }
+}
+
+/// The port of the loopback API server a kubeconfig names (`server: https://127.0.0.1:N`).
+pub fn api_port(kubeconfig: &std::path::Path) -> std::io::Result<u16> {
+    let text = std::fs::read_to_string(kubeconfig)?;
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://127.0.0.1:"))
+        .ok_or_else(|| std::io::Error::other("no loopback server in the kubeconfig"))?;
+    server.trim_end_matches('/').parse().map_err(std::io::Error::other)
 }
 
 /// Copy `from` to `to`, obeying the control channel before each write.

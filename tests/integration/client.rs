@@ -81,10 +81,11 @@ fn ticks_after_b_started(dir: &Path) -> usize {
     lines[b..].iter().filter(|l| l[0] == "tick").count()
 }
 
-/// A forking holder a and a waiting b (one-second section) on lock l.
-async fn forking_holder_and_waiter(ns: &TestNs, dir: &Path) -> (Child, Child) {
+/// Holder a running `script` (which logs ticks) and a waiting b (one-second section) on
+/// lock l.
+async fn ticking_holder_and_waiter(ns: &TestNs, dir: &Path, script: &str) -> (Child, Child) {
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    let run_a = run(kubeconfig(), ns, &a, dir, &[], FORKING);
+    let run_a = run(kubeconfig(), ns, &a, dir, &[], script);
     wait_log(dir, "a ticks", |l| l.iter().any(|l| l[0] == "tick")).await;
     let run_b = run(kubeconfig(), ns, &b, dir, &[], LONG_SECTION);
     ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
@@ -97,7 +98,7 @@ async fn forced_release_stops_the_children_of_a_forking_cmd_too() {
     let _c = spawn_controller(&ns, "forkrel");
     ns.lock("l", spec(3)).await;
     let dir = scratch("forkrel");
-    let (mut run_a, mut run_b) = forking_holder_and_waiter(&ns, &dir).await;
+    let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, FORKING).await;
     let claim_a = holder_claim(&ns, "l").await;
     leases(&ns).delete(&claim_a, &Default::default()).await.unwrap();
     a_lost_then_b_ran_alone(&mut run_a, &mut run_b, &dir).await;
@@ -109,7 +110,7 @@ async fn sigkill_of_the_supervisor_leaves_nothing_of_cmd_running_past_the_releas
     let _c = spawn_controller(&ns, "forksup");
     ns.lock("l", spec(3)).await;
     let dir = scratch("forksup");
-    let (mut run_a, mut run_b) = forking_holder_and_waiter(&ns, &dir).await;
+    let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, FORKING).await;
     // CMD's parent is the supervisor: kill it as the OOM killer would.
     let cmd_pid: i32 = log(&dir)[0][3].parse().unwrap();
     let stat = std::fs::read_to_string(format!("/proc/{cmd_pid}/stat")).unwrap();
@@ -143,7 +144,7 @@ async fn sigkill_of_run_kills_the_children_of_a_forking_cmd_too() {
     let _c = spawn_controller(&ns, "forkkill");
     ns.lock("l", spec(3)).await;
     let dir = scratch("forkkill");
-    let (mut run_a, mut run_b) = forking_holder_and_waiter(&ns, &dir).await;
+    let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, FORKING).await;
     run_a.kill().await.unwrap();
     assert!(run_b.wait().await.unwrap().success());
     assert_eq!(ticks_after_b_started(&dir), 0, "a's grandchild ran on after b started");
@@ -410,12 +411,8 @@ async fn hold_back_after_a_forced_release_lasts_the_holders_lease_not_the_edited
     let _c = spawn_controller(&ns, "holdlease");
     ns.lock("l", spec(20)).await;
     let dir = scratch("holdlease");
-    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
     // a's CMD ignores SIGTERM: only the SIGKILL a margin (5 s) after loss stops it.
-    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], STUBBORN);
-    wait_log(&dir, "a ticks", |l| l.iter().any(|l| l[0] == "tick")).await;
-    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], LONG_SECTION);
-    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, STUBBORN).await;
     // The lock is edited to a short lease, then a's claim is taken away.
     let patch = serde_json::json!({"spec": {"leaseDurationSeconds": 1}});
     ns.locks()
@@ -433,11 +430,7 @@ async fn a_forged_release_mark_does_not_let_the_next_holder_in_early() {
     let _c = spawn_controller(&ns, "forge");
     ns.lock("l", spec(3)).await;
     let dir = scratch("forge");
-    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], STUBBORN);
-    wait_log(&dir, "a ticks", |l| l.iter().any(|l| l[0] == "tick")).await;
-    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], LONG_SECTION);
-    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, STUBBORN).await;
     let claim_a = holder_claim(&ns, "l").await;
     // A neighbour with patch rights on Leases writes a release mark, with a hash of
     // its own choosing to match (`kubectl annotate lease ... leasehold.dev/released=...`).

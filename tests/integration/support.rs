@@ -299,20 +299,11 @@ pub async fn claims_in_order(ns: &TestNs, lock: &str, n: usize) -> Vec<String> {
 
 /// A kubeconfig in `dir` whose server is a new proxy in front of the shared API server.
 pub async fn proxied_kubeconfig(dir: &Path) -> (Proxy, PathBuf) {
-    let port = kubeconfig_port(kubeconfig());
+    let port = leasehold::dev::proxy::api_port(kubeconfig()).unwrap();
     let proxy = Proxy::start(port).await;
     let proxied = dir.join(format!("kubeconfig-{}", proxy.port));
     proxy.kubeconfig(kubeconfig(), &proxied).unwrap();
     (proxy, proxied)
-}
-
-/// The loopback port of the API server a kubeconfig names.
-pub fn kubeconfig_port(path: &Path) -> u16 {
-    let text = std::fs::read_to_string(path).unwrap();
-    let server = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: https://127.0.0.1:"));
-    server.unwrap().trim_end_matches('/').parse().unwrap()
 }
 
 /// A client that sends watch requests through `watches` and every other request
