@@ -10,6 +10,7 @@ use kube::runtime::reflector::Store;
 
 use super::metrics::Metrics;
 use super::tracker::Tracker;
+use super::written::Written;
 
 /// Shared state of the reconciler.
 pub struct Context {
@@ -25,6 +26,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
+    /// This controller's status writes its lock watch has not shown yet.
+    pub written: Written,
     /// Becomes true once the lock, claim and pod caches have synced.
     pub synced: tokio::sync::watch::Receiver<bool>,
 }

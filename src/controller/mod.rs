@@ -14,6 +14,7 @@ pub mod observe;
 pub mod reconcile;
 pub mod tracker;
 mod watches;
+pub mod written;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -68,7 +68,7 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
     let ns = lock.namespace().unwrap_or_default();
     let name = lock.name_any();
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut current = (*lock).clone();
+    let mut current = ctx.written.fresher(&lock);
     for _ in 0..MAX_CONFLICT_RETRIES {
         let plan = plan(&current, &ctx, Instant::now());
         if renewed_unseen(&ctx, &ns, &plan).await? {
@@ -80,12 +80,15 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         next.status = Some(with_conditions(&current, plan.decision.status.clone()));
         if next.status.as_ref() != Some(&old) {
             match api.replace_status(&name, &PostParams::default(), &next).await {
-                Ok(_) => {}
+                Ok(written) => ctx.written.record(current.metadata.resource_version.clone(), written),
                 Err(kube::Error::Api(s)) if s.is_conflict() => {
                     current = api.get(&name).await.map_err(|e| Error::Reread(name.clone(), e))?;
                     continue;
                 }
-                Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(Requeue::await_change()),
+                Err(kube::Error::Api(s)) if s.is_not_found() => {
+                    ctx.written.forget(&current);
+                    return Ok(Requeue::await_change());
+                }
                 Err(e) => return Err(Error::WriteStatus(name, e)),
             }
         }

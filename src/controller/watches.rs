@@ -73,6 +73,7 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         tracker,
         recorder,
         metrics: metrics.clone(),
+        written: Default::default(),
         synced: synced_rx,
     });
     let (ls, lc, ctx2, ctx3) = (lock_store.clone(), lease_store.clone(), ctx.clone(), ctx.clone());
