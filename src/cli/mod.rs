@@ -62,6 +62,10 @@ pub enum Command {
         /// Supervise the command's whole process tree instead of becoming the command.
         #[arg(long)]
         supervise: bool,
+        /// With --supervise: start the command only once its environment (`K=V` lines,
+        /// then an empty line) has been read from this inherited descriptor.
+        #[arg(long, requires = "supervise")]
+        start_fd: Option<i32>,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<OsString>,
@@ -84,9 +88,11 @@ pub fn run_sync(cli: &Cli) -> Option<ExitCode> {
         Command::Guard {
             supervise: true,
             command,
+            start_fd,
             ..
-        } => Some(match crate::supervise::supervise(command) {
-            Ok(code) => ExitCode::from(code),
+        } => Some(match crate::supervise::supervise(command, *start_fd) {
+            Ok(Some(code)) => ExitCode::from(code),
+            Ok(None) => ExitCode::from(crate::supervise::EXIT_NOT_STARTED),
             Err(e) => {
                 eprintln!("leasehold guard: {e}");
                 ExitCode::from(127)

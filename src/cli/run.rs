@@ -67,6 +67,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             );
         })
         .build()?;
+    // The supervisor is started now and waits: a process start costs milliseconds,
+    // which belong to the wait, not to the handoff.
+    let (program, rest) = args.command.split_first().expect("clap requires a command");
+    let (mut cmd, pending) = crate::supervise::pending_command(&crate::supervise::self_exe()?, program.clone())?;
+    cmd.args(rest)
+        .env("LEASEHOLD_LOCK", &args.lock)
+        .env("LEASEHOLD_NAMESPACE", &namespace);
+    // Anything of CMD's that outlives its supervisor (killed itself, or unable to kill
+    // the tree in time) is re-parented to us, and killed before the release.
+    nix::sys::prctl::set_child_subreaper(true)?;
+    let mut child = cmd.spawn()?;
+    drop(cmd); // closes our copy of the supervisor's end of the start pipe
     let guard = match args.timeout {
         Some(t) => lock.acquire_timeout(t).await,
         None => lock.acquire().await,
@@ -81,20 +93,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let token = guard.fencing_token();
     eprintln!("leasehold: holding lock {} with fencing token {token}", args.lock);
-    let (program, rest) = args.command.split_first().expect("clap requires a command");
-    let mut cmd = crate::supervise::supervised_command(&crate::supervise::self_exe()?, program.clone());
-    cmd.args(rest)
-        .env("LEASEHOLD_LOCK", &args.lock)
-        .env("LEASEHOLD_NAMESPACE", &namespace)
-        .env("LEASEHOLD_FENCING_TOKEN", token.to_string());
     if guard.is_lost() {
         eprintln!("leasehold: the grant was lost before the command started");
         return Ok(ExitCode::from(EXIT_LOST));
     }
-    // Anything of CMD's that outlives its supervisor (killed itself, or unable to kill
-    // the tree in time) is re-parented to us, and killed before the release.
-    nix::sys::prctl::set_child_subreaper(true)?;
-    let mut child = cmd.spawn()?;
+    if let Err(e) = pending.start(&[("LEASEHOLD_FENCING_TOKEN", &token.to_string())]) {
+        // The supervisor is gone (killed): CMD never ran, so the grant can be released.
+        eprintln!("leasehold: starting the command failed: {e}");
+        let _ = child.wait().await;
+        guard.release().await?;
+        return Ok(ExitCode::from(crate::cli::EXIT_OWN_ERROR));
+    }
     let pid = Pid::from_raw(child.id().expect("a just-spawned child has a pid") as i32);
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
     let status = loop {

@@ -36,6 +36,12 @@ pub const KILL_TREE_SIGNAL: Signal = Signal::SIGUSR1;
 /// gone, so the parent pid cannot tell the two apart.)
 pub const FORWARD_TERM_SIGNAL: Signal = Signal::SIGUSR2;
 
+/// The descriptor number the supervisor reads its start message from.
+const START_FD: i32 = 3;
+
+/// The supervisor's exit status when it was told never to start CMD.
+pub const EXIT_NOT_STARTED: u8 = 125;
+
 /// Environment variable carrying the pid of the process that started the guard.
 pub const PARENT_ENV: &str = "LEASEHOLD_GUARD_PARENT";
 
@@ -69,8 +75,10 @@ fn parent_gone(expected: Option<Pid>) -> bool {
 }
 
 /// Run `argv` as a supervised process tree (see the module doc); returns the exit
-/// status to exit with: CMD's code, or 128 + the signal that ended it.
-pub fn supervise(argv: &[OsString]) -> std::io::Result<u8> {
+/// status to exit with: CMD's code, or 128 + the signal that ended it. With `start_fd`
+/// (see [`Pending`]) CMD starts only once its environment has been read from that
+/// descriptor; `Ok(None)` when it never was.
+pub fn supervise(argv: &[OsString], start_fd: Option<i32>) -> std::io::Result<Option<u8>> {
     let Some((program, args)) = argv.split_first() else {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -88,8 +96,22 @@ pub fn supervise(argv: &[OsString]) -> std::io::Result<u8> {
         let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
         let mut kill_tree = signal(SignalKind::from_raw(KILL_TREE_SIGNAL as i32))?;
         let mut forward_term = signal(SignalKind::from_raw(FORWARD_TERM_SIGNAL as i32))?;
+        // Everything above is paid before the start message, off the handoff's path.
+        let env = match start_fd {
+            Some(fd) => tokio::select! {
+                env = read_start(start_file(fd)?) => match env? {
+                    Some(env) => env,
+                    None => return Ok(None),
+                },
+                _ = term.recv() => return Ok(None),
+                _ = int.recv() => return Ok(None),
+                _ = kill_tree.recv() => return Ok(None),
+            },
+            None => Vec::new(),
+        };
         let mut child = tokio::process::Command::new(program)
             .args(args)
+            .envs(env)
             .env_remove(PARENT_ENV)
             .process_group(0)
             .spawn()?;
@@ -109,8 +131,79 @@ pub fn supervise(argv: &[OsString]) -> std::io::Result<u8> {
                 tree::KILL_TIMEOUT
             );
         }
-        Ok(exit_status(status))
+        Ok(Some(exit_status(status)))
     })
+}
+
+/// The start descriptor passed by [`pending_command`], opened afresh through /proc and
+/// closed under its number, so CMD does not inherit it.
+fn start_file(fd: i32) -> std::io::Result<std::fs::File> {
+    let file = std::fs::File::open(format!("/proc/self/fd/{fd}"))?;
+    nix::unistd::close(fd).map_err(std::io::Error::from)?;
+    Ok(file)
+}
+
+/// Read CMD's extra environment (`KEY=VALUE` lines, then an empty line) from the start
+/// descriptor, which is closed after; `None` at end of file before the empty line.
+async fn read_start(file: std::fs::File) -> std::io::Result<Option<Vec<(String, String)>>> {
+    use tokio::io::AsyncBufReadExt;
+    let pipe = tokio::net::unix::pipe::Receiver::from_file(file)?;
+    let mut lines = tokio::io::BufReader::new(pipe).lines();
+    let mut env = Vec::new();
+    while let Some(line) = lines.next_line().await? {
+        if line.is_empty() {
+            return Ok(Some(env));
+        }
+        let (k, v) = line
+            .split_once('=')
+            .ok_or_else(|| std::io::Error::other(format!("guard: bad start line {line:?}")))?;
+        env.push((k.to_string(), v.to_string()));
+    }
+    Ok(None)
+}
+
+/// A supervisor started ahead of the grant, waiting to start CMD: the costs of
+/// starting a process (exec, loading, setting up) are paid while waiting for the lock,
+/// not on the handoff. Dropping it unstarted makes the supervisor exit without running
+/// CMD.
+pub struct Pending {
+    start: std::io::PipeWriter,
+}
+
+impl Pending {
+    /// Start CMD with these extra environment variables.
+    pub fn start(mut self, env: &[(&str, &str)]) -> std::io::Result<()> {
+        use std::io::Write;
+        let mut msg = String::new();
+        for (k, v) in env {
+            if k.contains(['=', '\n']) || v.contains('\n') {
+                return Err(std::io::Error::other(format!("guard: unsendable variable {k}")));
+            }
+            msg.push_str(&format!("{k}={v}\n"));
+        }
+        msg.push('\n');
+        self.start.write_all(msg.as_bytes())
+    }
+}
+
+/// A command that runs `program` supervised by `leasehold guard --supervise` (see the
+/// module doc), which starts it only at [`Pending::start`].
+pub fn pending_command(
+    leasehold: &PathBuf,
+    program: impl Into<OsString>,
+) -> std::io::Result<(tokio::process::Command, Pending)> {
+    use command_fds::{CommandFdExt, FdMapping};
+    let (read, start) = std::io::pipe()?;
+    let mut cmd = tokio::process::Command::new(leasehold);
+    cmd.args(["guard", "--supervise", "--start-fd", &START_FD.to_string(), "--"])
+        .arg(program.into());
+    cmd.env(PARENT_ENV, std::process::id().to_string());
+    cmd.fd_mappings(vec![FdMapping {
+        parent_fd: read.into(),
+        child_fd: START_FD,
+    }])
+    .map_err(std::io::Error::other)?;
+    Ok((cmd, Pending { start }))
 }
 
 /// A process's exit status as an exit code: its code, or 128 + its signal.
@@ -121,14 +214,6 @@ pub fn exit_status(status: std::process::ExitStatus) -> u8 {
         (None, Some(s)) => 128u8.wrapping_add(s as u8),
         _ => 1,
     }
-}
-
-/// A command that runs `program` supervised by `leasehold guard --supervise`.
-pub fn supervised_command(leasehold: &PathBuf, program: impl Into<OsString>) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(leasehold);
-    cmd.args(["guard", "--supervise", "--"]).arg(program.into());
-    cmd.env(PARENT_ENV, std::process::id().to_string());
-    cmd
 }
 
 /// A command that runs `program` under `leasehold guard`, so it dies with this process.

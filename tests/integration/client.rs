@@ -139,6 +139,66 @@ async fn sigkill_of_the_supervisor_leaves_nothing_of_cmd_running_past_the_releas
 }
 
 #[tokio::test]
+async fn a_pending_supervisor_starts_cmd_with_the_sent_environment_or_never() {
+    let exe = PathBuf::from(LEASEHOLD);
+    let spawn = |script: &str| {
+        let (mut cmd, pending) = leasehold::supervise::pending_command(&exe, "sh").unwrap();
+        cmd.args(["-c", script]).stdout(Stdio::piped());
+        (cmd.spawn().unwrap(), pending)
+    };
+    let (child, pending) = spawn("echo token=$TOKEN; [ -e /proc/$$/fd/3 ] && echo fd3-open || echo fd3-closed");
+    pending.start(&[("TOKEN", "42")]).unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    // CMD got the token, and not the start pipe (passed to the supervisor as fd 3).
+    assert_eq!(text, "token=42\nfd3-closed\n");
+    // Never started: the supervisor exits 125 without running CMD.
+    let (child, pending) = spawn("echo ran");
+    drop(pending);
+    let out = child.wait_with_output().await.unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(out.stdout.is_empty(), "CMD ran though never started");
+}
+
+#[tokio::test]
+async fn sigkill_of_a_waiting_run_leaves_neither_supervisor_nor_cmd() {
+    let ns = TestNs::new("waitkill").await;
+    let _c = spawn_controller(&ns, "waitkill");
+    ns.lock("l", spec(3)).await;
+    let dir = scratch("waitkill");
+    let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, FORKING).await;
+    // b waits with its supervisor started ahead of the grant.
+    let b = run_b.id().unwrap();
+    let children = std::fs::read_to_string(format!("/proc/{b}/task/{b}/children")).unwrap();
+    let supervisor: i32 = children
+        .split_whitespace()
+        .next()
+        .expect("a pending supervisor")
+        .parse()
+        .unwrap();
+    run_b.kill().await.unwrap();
+    wait_for("the pending supervisor to die", DEADLINE, || async {
+        let stat = std::fs::read_to_string(format!("/proc/{supervisor}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|t| t.split_whitespace().next().map(String::from));
+        matches!(state.as_deref(), None | Some("Z" | "X")).then_some(())
+    })
+    .await;
+    run_a.kill().await.unwrap();
+    ns.wait_lock("l", "the lock to be free", |l| {
+        holders(l).is_empty() && queue(l).is_empty()
+    })
+    .await;
+    assert!(
+        !log(&dir).iter().any(|l| l[0] == "start" && l[2] == "b"),
+        "b's CMD ran though b was killed while waiting"
+    );
+}
+
+#[tokio::test]
 async fn sigkill_of_run_kills_the_children_of_a_forking_cmd_too() {
     let ns = TestNs::new("forkkill").await;
     let _c = spawn_controller(&ns, "forkkill");
