@@ -32,6 +32,17 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(90);
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
 /// The directory (under the system temp dir) holding every launcher's own dir.
 pub const DIR_PREFIX: &str = "leasehold-dev";
+/// The file beside the kubeconfig that holds etcd's client URL.
+pub const ETCD_ENDPOINT_FILE: &str = "etcd-endpoint";
+
+/// The etcd client URL of the control plane whose kubeconfig is `kubeconfig`.
+pub fn etcd_endpoint(kubeconfig: &Path) -> std::io::Result<String> {
+    let dir = kubeconfig.parent().unwrap_or(Path::new("."));
+    Ok(std::fs::read_to_string(dir.join(ETCD_ENDPOINT_FILE))?
+        .trim()
+        .to_string())
+}
+
 /// The kube-controller-manager controllers run by default: enough for garbage
 /// collection of claims, namespace deletion and ServiceAccount tokens.
 pub const DEFAULT_CONTROLLERS: &str = "garbagecollector,namespace,serviceaccount-token,serviceaccount";
@@ -154,6 +165,9 @@ impl ControlPlane {
         write(&d.join("etcd-data-dir"), &data.to_string_lossy())?;
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
+        // Beside the kubeconfig, for tools that talk to etcd itself (`etcdctl lock` in
+        // the handoff benchmark).
+        write(&d.join(ETCD_ENDPOINT_FILE), &etcd_url)?;
         self.spawn(
             leasehold,
             "etcd",

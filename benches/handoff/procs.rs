@@ -1,0 +1,197 @@
+//! The paths measured between processes: `leasehold run` and `etcdctl lock` wrapping
+//! the same CMD, and `leasehold run` SIGKILLed while holding.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube::api::Api;
+use leasehold::api::DistributedLock;
+use tokio::process::Command;
+
+use crate::setup::{LOCK, namespace, pod};
+
+/// The critical section both tools run: log its start, hold for 50 ms, log its end
+/// (times in ns from this machine's clock; `date` costs the same to both).
+const SECTION: &str = "echo start $(date +%s%N) >> $LOG; sleep 0.05; echo end $(date +%s%N) >> $LOG";
+
+/// A temp dir and its log file, removed when dropped.
+struct Log(PathBuf);
+
+impl Log {
+    fn new(what: &str) -> std::io::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("leasehold-bench-{what}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Log(dir))
+    }
+    fn path(&self) -> PathBuf {
+        self.0.join("log")
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Keep `contenders` processes queued until `rounds + 1` sections ran; then check the
+/// sections never overlapped and return the gaps between one's end and the next start.
+async fn contend(
+    contenders: usize,
+    rounds: usize,
+    log: &Path,
+    spawn: impl Fn(usize) -> std::io::Result<tokio::process::Child>,
+) -> anyhow::Result<Vec<Duration>> {
+    let mut running = VecDeque::new();
+    let mut next = 0;
+    while next < contenders.min(rounds + 1) {
+        running.push_back(spawn(next)?);
+        next += 1;
+    }
+    while let Some(mut child) = running.pop_front() {
+        let status = child.wait().await?;
+        anyhow::ensure!(status.success(), "a contender failed: {status}");
+        if next <= rounds {
+            running.push_back(spawn(next)?);
+            next += 1;
+        }
+    }
+    gaps(&std::fs::read_to_string(log)?)
+}
+
+/// The handoff gaps of a section log, after checking that sections alternate.
+fn gaps(text: &str) -> anyhow::Result<Vec<Duration>> {
+    let mut marks: Vec<(u64, bool)> = text
+        .lines()
+        .filter_map(|l| {
+            let (what, ns) = l.split_once(' ')?;
+            Some((ns.trim().parse().ok()?, what == "start"))
+        })
+        .collect();
+    marks.sort();
+    for (i, (_, start)) in marks.iter().enumerate() {
+        anyhow::ensure!(
+            *start == (i % 2 == 0),
+            "two sections overlapped (log line {i} of {text})"
+        );
+    }
+    Ok(marks
+        .windows(2)
+        .filter(|w| !w[0].1 && w[1].1)
+        .map(|w| Duration::from_nanos(w[1].0 - w[0].0))
+        .collect())
+}
+
+/// `leasehold run` end to end: one CMD exits → the next queued CMD starts.
+pub async fn leasehold_run(
+    leasehold: &Path,
+    client: &Client,
+    kubeconfig: &Path,
+    contenders: usize,
+    rounds: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    let ns = "bench-run";
+    namespace(client, ns, 60).await?;
+    let log = Log::new("run")?;
+    let mut pods = Vec::new();
+    for i in 0..contenders {
+        pods.push(pod(client, ns, &format!("w{i}")).await?);
+    }
+    contend(contenders, rounds, &log.path(), |i| {
+        let p = &pods[i % pods.len()];
+        Command::new(leasehold)
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--lock", LOCK, "--namespace", ns, "--", "sh", "-c", SECTION])
+            .env("POD_NAME", &p.name)
+            .env("POD_NAMESPACE", ns)
+            .env("POD_UID", &p.uid)
+            .env("LOG", log.path())
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+    })
+    .await
+}
+
+/// `etcdctl lock` on the control plane's own etcd, wrapping the same CMD.
+pub async fn etcdctl_lock(etcd: &str, contenders: usize, rounds: usize) -> anyhow::Result<Vec<Duration>> {
+    let log = Log::new("etcdctl")?;
+    let key = format!("leasehold-bench-{}", std::process::id());
+    contend(contenders, rounds, &log.path(), |_| {
+        Command::new("etcdctl")
+            .arg(format!("--endpoints={etcd}"))
+            .args(["lock", &key, "--", "sh", "-c", SECTION])
+            .env("ETCDCTL_API", "3")
+            .env("LOG", log.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+    })
+    .await
+}
+
+/// `leasehold run` SIGKILLed while holding (its claim is left to expire) → the next
+/// queued CMD starts. Lease `lease_seconds`; one waiter queued each round.
+pub async fn sigkill(
+    leasehold: &Path,
+    client: &Client,
+    kubeconfig: &Path,
+    lease_seconds: i32,
+    rounds: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    let ns = "bench-sigkill";
+    namespace(client, ns, lease_seconds).await?;
+    let log = Log::new("sigkill")?;
+    let mut pods = Vec::new();
+    for i in 0..=rounds {
+        pods.push(pod(client, ns, &format!("k{i}")).await?);
+    }
+    let spawn = |i: usize| {
+        let p = &pods[i];
+        Command::new(leasehold)
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--lock", LOCK, "--namespace", ns, "--", "sh", "-c"])
+            .arg(format!("echo start {i} >> $LOG; exec sleep 3600"))
+            .env("POD_NAME", &p.name)
+            .env("POD_NAMESPACE", ns)
+            .env("POD_UID", &p.uid)
+            .env("LOG", log.path())
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+    };
+    let started =
+        |i: usize| std::fs::read_to_string(log.path()).is_ok_and(|t| t.lines().any(|l| l == format!("start {i}")));
+    let mut holder = spawn(0)?;
+    let mut samples = Vec::new();
+    for i in 1..=rounds {
+        while !started(i - 1) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let waiter = spawn(i)?;
+        // Untimed: until the waiter's claim is queued.
+        let locks: Api<DistributedLock> = Api::namespaced(client.clone(), ns);
+        while locks.get(LOCK).await?.status.is_none_or(|s| s.queue.is_empty()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let killed = Instant::now();
+        holder.start_kill()?;
+        holder.wait().await?;
+        while !started(i) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        samples.push(killed.elapsed());
+        holder = waiter;
+    }
+    Ok(samples)
+}

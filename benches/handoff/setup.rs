@@ -1,0 +1,50 @@
+//! Namespaces, locks and pods for the benchmark's paths.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use leasehold::api::{DistributedLock, DistributedLockSpec};
+use leasehold::protocol::claim::PodIdentity;
+
+/// The lock every path contends for.
+pub const LOCK: &str = "bench";
+
+/// A namespace holding lock [`LOCK`] with this lease.
+pub async fn namespace(client: &Client, name: &str, lease_seconds: i32) -> anyhow::Result<()> {
+    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
+    while sas.get_opt("default").await?.is_none() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lock = DistributedLock::new(
+        LOCK,
+        DistributedLockSpec {
+            lease_duration_seconds: lease_seconds,
+            max_holders: 1,
+        },
+    );
+    Api::<DistributedLock>::namespaced(client.clone(), name)
+        .create(&PostParams::default(), &lock)
+        .await?;
+    Ok(())
+}
+
+/// A Pod object (never scheduled) for a claimant's identity.
+pub async fn pod(client: &Client, ns: &str, name: &str) -> anyhow::Result<PodIdentity> {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name}, "spec": {"automountServiceAccountToken": false, "containers": [{"name": "app", "image": "leasehold"}]}
+    }))?;
+    let pod = Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await?;
+    Ok(PodIdentity {
+        name: name.into(),
+        namespace: ns.into(),
+        uid: pod.uid().unwrap_or_default(),
+    })
+}

@@ -1,0 +1,73 @@
+//! Figures of one series of samples, the ratio table, and the CSV the plot is drawn from.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+/// One measured path: its name, what it measures, and its samples.
+pub struct Series {
+    pub key: &'static str,
+    pub what: &'static str,
+    pub samples: Vec<Duration>,
+}
+
+impl Series {
+    pub fn new(key: &'static str, what: &'static str, mut samples: Vec<Duration>) -> Self {
+        samples.sort();
+        Series { key, what, samples }
+    }
+
+    /// The `p` quantile in milliseconds (nearest rank).
+    pub fn quantile(&self, p: f64) -> f64 {
+        let n = self.samples.len();
+        if n == 0 {
+            return f64::NAN;
+        }
+        self.samples[((n as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
+    }
+
+    pub fn print(&self) {
+        println!(
+            "{:<13} n={:<4} median={:>7.2} ms  p90={:>7.2} ms  p99={:>8.2} ms  max={:>8.2} ms   {}",
+            self.key,
+            self.samples.len(),
+            self.quantile(0.5),
+            self.quantile(0.9),
+            self.quantile(0.99),
+            self.quantile(1.0),
+            self.what
+        );
+    }
+}
+
+/// Print every series against the anchor (`etcdctl lock`): median and p99 ratios.
+pub fn print_ratios(all: &[Series], anchor: &str) {
+    let Some(a) = all.iter().find(|s| s.key == anchor) else {
+        return;
+    };
+    println!("\nratios to {anchor} (same run, same etcd):");
+    for s in all.iter().filter(|s| s.key != anchor) {
+        println!(
+            "  {:<13} median {:>6.2}x   p90 {:>6.2}x   p99 {:>6.2}x",
+            s.key,
+            s.quantile(0.5) / a.quantile(0.5),
+            s.quantile(0.9) / a.quantile(0.9),
+            s.quantile(0.99) / a.quantile(0.99)
+        );
+    }
+}
+
+/// Write `series,ms` rows (what `scripts/plot-handoff.py` draws).
+pub fn write_csv(all: &[Series], path: &Path) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(f, "series,ms")?;
+    for s in all {
+        for d in &s.samples {
+            writeln!(f, "{},{:.3}", s.key, d.as_secs_f64() * 1000.0)?;
+        }
+    }
+    f.flush()
+}
