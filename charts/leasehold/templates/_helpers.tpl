@@ -26,3 +26,41 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "leasehold.serviceAccountName" -}}
 {{- default (include "leasehold.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
+
+{{/* The controller pods' labels: podLabels, then the selector labels (which win). */}}
+{{- define "leasehold.podLabels" -}}
+{{- $labels := mergeOverwrite (deepCopy .Values.podLabels) (include "leasehold.selectorLabels" . | fromYaml) -}}
+{{- toYaml $labels -}}
+{{- end -}}
+
+{{/* policy/v1 PodDisruptionBudget from Kubernetes 1.21; policy/v1beta1 before. */}}
+{{- define "leasehold.pdbApiVersion" -}}
+{{- if semverCompare ">=1.21-0" .Capabilities.KubeVersion.Version -}}
+policy/v1
+{{- else -}}
+policy/v1beta1
+{{- end -}}
+{{- end -}}
+
+{{/* The controller's rules on locks, claims, pods and events (a ClusterRole's, or watchNamespace's Role's). */}}
+{{- define "leasehold.watchRules" -}}
+# Watch locks; write their status (one optimistic PUT per decision).
+- apiGroups: ["leasehold.dev"]
+  resources: ["distributedlocks"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["leasehold.dev"]
+  resources: ["distributedlocks/status"]
+  verbs: ["update"]
+# Watch claims; stamp granted ones; delete released/expired ones.
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["list", "watch", "patch", "delete"]
+# Watch the pods that own claims (name, uid, phase).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+# Events on locks and claims.
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}
