@@ -34,6 +34,7 @@ def main():
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     target = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/leasehold/target"))
     src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(target, "handoff.csv")
@@ -49,6 +50,9 @@ def main():
         ys = [(i + 1) / len(xs) for i in range(len(xs))]
         ax.step(xs, ys, where="post", label=f"{k} (n={len(xs)}, median {xs[len(xs) // 2]:.1f} ms)")
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xticks([1, 2, 5, 10, 20, 50, 100])
     ax.set_xlabel("handoff latency, ms (log scale)")
     ax.set_ylabel("fraction of handoffs at or below")
     ax.set_title("leasehold handoff latency vs etcdctl lock, one run on one etcd")
