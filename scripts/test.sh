@@ -10,6 +10,15 @@ cd "$(dirname "$0")/.."
 ensure_tools
 provision_control_plane
 
+step "the Dockerfile's build stage compiles from exactly its context: scripts/image-context-check.sh"
+scripts/image-context-check.sh
+
+step "the client library embeds in a user's crate with its own k8s-openapi version: tests/embed"
+cargo run --locked --quiet --manifest-path tests/embed/Cargo.toml
+unwanted=$(cargo tree --locked -q -e normal --prefix none --manifest-path tests/embed/Cargo.toml -p leasehold |
+  awk '{print $1}' | sort -u | grep -E '^(clap|axum|prometheus-client|kube-lease-manager|tracing-subscriber|nix|command-fds|humantime|anyhow|serde_yaml|serde_norway)$' || true)
+[ -z "$unwanted" ] || { echo "the client feature pulls in: $unwanted" >&2; exit 1; }
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -30,6 +39,9 @@ fi
 
 step "chaos soak, short version (60 s): cargo test --bench soak -- --seconds 60"
 cargo test --locked --bench soak -- --seconds 60
+
+step "cargo test --doc (the examples in the API docs)"
+cargo test --locked --doc
 
 step "cargo test (unit, property and integration tests)"
 cargo test --locked --no-fail-fast --lib --bins --tests -- "$@"

@@ -39,20 +39,28 @@
 #![warn(missing_docs)]
 
 pub mod api;
+#[cfg(feature = "client")]
 pub mod client;
+#[cfg(feature = "controller")]
 pub mod controller;
+#[cfg(feature = "controller")]
 pub mod crd;
 pub mod decide;
+#[cfg(feature = "client")]
 pub mod kubeconfig;
 pub mod protocol;
 
 #[doc(hidden)]
 pub mod check;
+#[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod cli;
+#[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod dev;
+#[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod supervise;
+#[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod telemetry;

@@ -16,13 +16,13 @@ async fn example_manifests_are_accepted_by_the_api_server() {
     let (mut created, mut skipped, mut total) = (0, 0, 0);
     for file in &files {
         let text = std::fs::read_to_string(file).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value = serde_yaml::Value::deserialize(doc).unwrap();
+        for doc in serde_norway::Deserializer::from_str(&text) {
+            let value = serde_norway::Value::deserialize(doc).unwrap();
             if value.is_null() {
                 continue;
             }
             total += 1;
-            let mut obj: DynamicObject = serde_yaml::from_value(value).unwrap();
+            let mut obj: DynamicObject = serde_norway::from_value(value).unwrap();
             let types = obj.types.clone().expect("every example names apiVersion and kind");
             let gvk = GroupVersionKind::try_from(&types).unwrap();
             let (resource, _) = match discovery::pinned_kind(&ns.client, &gvk).await {
