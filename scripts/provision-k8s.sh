@@ -13,6 +13,8 @@
 # Idempotent, and safe when several processes provision at once (flock on the cache).
 # Progress goes to stderr; the only line on stdout is the bin directory.
 set -euo pipefail
+# `leasehold dev` runs this script with scripts/apt.sh prepended; run as a file, source it.
+declare -F apt_install >/dev/null || . "$(dirname "$0")/apt.sh"
 
 K8S_VERSION=1.20.2
 DEB_VERSION=1.20.5+really1.20.2-1.1+deb12u1
@@ -71,11 +73,10 @@ Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
   fi
-  log "apt-get update"
-  $SUDO apt-get update -qq >&2
   if [ ${#missing[@]} -gt 0 ]; then
-    log "installing ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >&2
+    apt_install "${missing[@]}"
+  else
+    $SUDO apt-get update -qq >&2 # for the new deb-src entry
   fi
 fi
 
@@ -96,7 +97,11 @@ mkdir -p .go/src/k8s.io && ln -s ../../.. .go/src/k8s.io/kubernetes
 build=()
 for b in "${NEEDED[@]}"; do [ "$b" = etcd ] || [ -x "$BIN/$b" ] || build+=("cmd/$b"); done
 log "building ${build[*]} (about 4 minutes on 2 cores)"
-GOPATH=$PWD/.go GO111MODULE=off CGO_ENABLED=0 GOFLAGS= make WHAT="${build[*]}" >&2
+if ! GOPATH=$PWD/.go GO111MODULE=off CGO_ENABLED=0 GOFLAGS= make WHAT="${build[*]}" >"$work/make.log" 2>&1; then
+  tail -50 "$work/make.log" >&2
+  log "building Kubernetes failed (the last 50 lines of its output are above)"
+  exit 1
+fi
 mkdir -p "$BIN"
 for target in "${build[@]}"; do cp "_output/bin/${target#cmd/}" "$BIN/.new-${target#cmd/}"; mv "$BIN/.new-${target#cmd/}" "$BIN/${target#cmd/}"; done
 [ -e "$BIN/etcd" ] || ln -sf "$(command -v etcd || echo /usr/bin/etcd)" "$BIN/etcd"

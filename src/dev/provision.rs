@@ -5,7 +5,10 @@ use std::path::PathBuf;
 use super::DevError;
 
 /// The provisioning script, embedded so an installed binary can provision too.
-const SCRIPT: &str = include_str!("../../scripts/provision-k8s.sh");
+const SCRIPT: &str = concat!(
+    include_str!("../../scripts/apt.sh"),
+    include_str!("../../scripts/provision-k8s.sh")
+);
 
 /// Environment variable naming a directory that already holds the binaries.
 pub const BIN_ENV: &str = "LEASEHOLD_K8S_BIN";

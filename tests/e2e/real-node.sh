@@ -15,11 +15,7 @@ cd "$(dirname "$0")/../.."
 started=$(date +%s)
 
 pkgs=(containerd runc containernetworking-plugins busybox-static)
-missing=(); for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-if [ ${#missing[@]} -gt 0 ]; then
-  step "installing ${missing[*]} (apt)"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
-fi
+apt_install "${pkgs[@]}"
 step "provisioning kubelet and kube-scheduler too"
 BIN=$(scripts/provision-k8s.sh --node)
 export LEASEHOLD_K8S_BIN=$BIN
