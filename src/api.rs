@@ -26,6 +26,7 @@ pub const DEFAULT_MAX_HOLDERS: i32 = 1;
     namespaced,
     status = "DistributedLockStatus",
     shortname = "dlock",
+    category = "leasehold",
     derive = "PartialEq",
     doc = "A fair (FIFO), fenced distributed lock for pods. Pods ask for it with claim Leases labelled leasehold.dev/lock=<name>; the controller grants it in arrival order and gives every grant a strictly increasing fencing token.",
     printcolumn(
@@ -45,6 +46,12 @@ pub const DEFAULT_MAX_HOLDERS: i32 = 1;
         type_ = "integer",
         description = "Last fencing token issued",
         json_path = ".status.fencingToken"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        description = "Whether the controller reconciles the lock and accepts its claims",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
@@ -117,8 +124,12 @@ pub struct DistributedLockStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// Standard conditions; `Ready` is True while the controller reconciles this lock.
+    /// Standard conditions, one per type. `Ready` is True while the controller
+    /// reconciles this lock and accepts all its claims; False with the reason when no
+    /// claim can name the lock (`NameTooLong`) or claims were rejected
+    /// (`ClaimsRejected`: see the lock's Warning events).
     #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
 

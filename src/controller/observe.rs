@@ -25,8 +25,11 @@ pub struct Plan {
     pub decision: Decision,
     /// The next time-based transition (expiry, end of a hold-back), if any.
     pub next_deadline: Option<Instant>,
-    /// Warning events to publish on claims: (claim, reason, note).
+    /// Warning events to publish on claims (each claim's first only): (claim, reason, note).
     pub warnings: Vec<(Arc<Lease>, &'static str, String)>,
+    /// How many of the lock's claims are rejected now (invalid, forged, or naming no
+    /// live pod); a note on an odd lease is no rejection.
+    pub rejected: usize,
     /// Released claims with when this controller saw the release, for the handoff metric.
     pub released_seen: Vec<(String, Instant)>,
     /// The claims judged expired, to be confirmed with a fresh read before acting.
@@ -147,8 +150,10 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
             ));
         }
     }
+    let rejected = warnings.iter().filter(|(_, reason, _)| *reason != "ClaimLease").count();
     warnings.retain(|(l, reason, _)| tracker.first_warning(&l.uid().unwrap_or_default(), reason));
     Plan {
+        rejected,
         decision,
         next_deadline: deadlines.into_iter().min(),
         warnings,

@@ -77,7 +77,7 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         publish_warnings(&ctx, &plan.warnings);
         let old = current.status.clone().unwrap_or_default();
         let mut next = current.clone();
-        next.status = Some(with_conditions(&current, plan.decision.status.clone()));
+        next.status = Some(with_conditions(&current, plan.decision.status.clone(), plan.rejected));
         if next.status.as_ref() != Some(&old) {
             match api.replace_status(&name, &PostParams::default(), &next).await {
                 Ok(written) => ctx.written.record(current.metadata.resource_version.clone(), written),
@@ -141,8 +141,13 @@ pub fn error_policy(_lock: Arc<DistributedLock>, err: &Error, ctx: Arc<Context>)
 }
 
 /// Set observedGeneration and the Ready condition: True while the lock is reconciled,
-/// False (with the reason) when claims cannot name it.
-fn with_conditions(lock: &DistributedLock, mut status: DistributedLockStatus) -> DistributedLockStatus {
+/// False (with the reason) when claims cannot name it or `rejected` of them were
+/// rejected (each has a Warning event).
+fn with_conditions(
+    lock: &DistributedLock,
+    mut status: DistributedLockStatus,
+    rejected: usize,
+) -> DistributedLockStatus {
     let generation = lock.metadata.generation;
     status.observed_generation = generation;
     let name = lock.name_any();
@@ -154,6 +159,12 @@ fn with_conditions(lock: &DistributedLock, mut status: DistributedLockStatus) ->
             crate::protocol::MAX_LOCK_NAME
         );
         ("False", "NameTooLong", message)
+    } else if rejected > 0 {
+        let message = format!(
+            "{rejected} claim(s) rejected (malformed, misplaced or with a forged release): see the \
+             Warning events of the lock's Leases (kubectl get events --field-selector type=Warning)"
+        );
+        ("False", "ClaimsRejected", message)
     } else {
         let message = format!(
             "{} of {} slots held, {} waiting",

@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Patch, PatchParams, PostParams};
-use leasehold::api::DistributedLockSpec;
+use leasehold::api::{DistributedLock, DistributedLockSpec};
 use leasehold::client::Lock;
 use leasehold::protocol::PodIdentity;
 use leasehold::protocol::claim::claim_lease;
@@ -120,6 +120,27 @@ async fn malformed_claims_get_warnings_and_block_no_one() {
     for (lease, reason) in &corpus {
         wait_warning(&ns, lease.metadata.name.as_deref().unwrap(), reason).await;
     }
+    // The lock's Ready condition says claims are rejected while they are there, and
+    // only then (a capped lease is a note, not a rejection).
+    let ready = |l: &DistributedLock| {
+        let s = l.status.as_ref()?;
+        let c = s.conditions.iter().find(|c| c.type_ == "Ready")?;
+        Some((c.status.clone(), c.reason.clone()))
+    };
+    let rejected = Some(("False".to_string(), "ClaimsRejected".to_string()));
+    ns.wait_lock("l", "Ready=False ClaimsRejected", |l| ready(l) == rejected)
+        .await;
+    for (lease, reason) in &corpus {
+        if *reason != "ClaimLease" {
+            let name = lease.metadata.name.as_deref().unwrap();
+            // (A dropped waiter's claim the controller may have deleted already.)
+            let _ = leases(&ns).delete(name, &Default::default()).await;
+        }
+    }
+    ns.wait_lock("l", "Ready=True once the rejected claims are gone", |l| {
+        ready(l).is_some_and(|(status, _)| status == "True")
+    })
+    .await;
     // A valid claim with a name at the 253-character limit queues like any other.
     let long_name = "a".repeat(253);
     let long = claim_lease(&long_name, "l", &c, 120);
