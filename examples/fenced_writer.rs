@@ -4,7 +4,11 @@
 //!
 //! Run it in a pod (POD_NAME, POD_NAMESPACE, POD_UID from the downward API), or
 //! locally against `leasehold dev --controller` with those variables set by hand:
-//! `cargo run --example fenced_writer -- my-lock /tmp/store`.
+//! `cargo run --example fenced_writer -- my-lock /tmp/store`. The controller grants
+//! only claims of live pods, so outside a pod a Pod object named `$POD_NAME` with uid
+//! `$POD_UID` must exist: e.g. `kubectl run writer --image=pause` (any image; it never
+//! has to run where there is no kubelet), then `POD_NAME=writer POD_UID=$(kubectl get
+//! pod writer -o jsonpath='{.metadata.uid}')`.
 
 use std::time::Duration;
 
