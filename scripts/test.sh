@@ -13,6 +13,9 @@ provision_control_plane
 step "the Dockerfile's build stage compiles from exactly its context: scripts/image-context-check.sh"
 scripts/image-context-check.sh
 
+step "the release workflow parses and validates (GitHub's workflow parser): scripts/workflow-lint.sh"
+scripts/workflow-lint.sh
+
 step "the client library embeds in a user's crate with its own k8s-openapi version: tests/embed"
 cargo run --locked --quiet --manifest-path tests/embed/Cargo.toml
 unwanted=$(cargo tree --locked -q -e normal --prefix none --manifest-path tests/embed/Cargo.toml -p leasehold |
