@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Dockerfile's build stage compiles from exactly the context it copies: replay its
+# Dockerfile.build (the binary's build) compiles from exactly the context it copies: replay its
 # COPY lines (minus .dockerignore) into a temp dir and run its cargo build there. No
 # Docker needed; catches a manifest naming a file the image's context lacks.
 set -euo pipefail
@@ -15,7 +15,7 @@ for pat in "${ignored[@]}"; do
   [[ "$pat" =~ ^[A-Za-z0-9._-]+$ ]] || { echo "image-context-check: unsupported .dockerignore line: $pat" >&2; exit 1; }
 done
 # The build stage's COPY lines (up to the first FROM after it).
-mapfile -t copies < <(awk '/^FROM /{n++} n==1 && /^COPY /{print}' Dockerfile)
+mapfile -t copies < <(awk '/^FROM /{n++} n==1 && /^COPY /{print}' Dockerfile.build)
 [ ${#copies[@]} -gt 0 ] || { echo "image-context-check: no COPY in the build stage" >&2; exit 1; }
 for line in "${copies[@]}"; do
   read -r -a words <<<"${line#COPY }"
@@ -32,7 +32,7 @@ for line in "${copies[@]}"; do
 done
 # The same cargo command, in the debug profile (which the tests' build has cached): a
 # missing file fails the manifest whatever the profile.
-cmd=$(awk '/^FROM /{n++} n==1 && /^RUN cargo build/{sub(/^RUN /, ""); sub(/ &&.*/, ""); sub(/ --release/, ""); print}' Dockerfile)
+cmd=$(awk '/^FROM /{n++} n==1 && /^RUN cargo build/{sub(/^RUN /, ""); sub(/ &&.*/, ""); sub(/ --release/, ""); print}' Dockerfile.build)
 [ -n "$cmd" ] || { echo "image-context-check: no 'RUN cargo build' in the build stage" >&2; exit 1; }
-step "image context: $cmd (in a copy of the Dockerfile's context)"
+step "image context: $cmd (in a copy of Dockerfile.build's context)"
 (cd "$ctx" && eval "$cmd" --quiet)

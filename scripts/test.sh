@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 ensure_tools
 provision_control_plane
 
-step "the Dockerfile's build stage compiles from exactly its context: scripts/image-context-check.sh"
+step "Dockerfile.build compiles from exactly its context: scripts/image-context-check.sh"
 scripts/image-context-check.sh
 
 step "the release workflow parses and validates (GitHub's workflow parser): scripts/workflow-lint.sh"

@@ -27,7 +27,7 @@ HELM=$(command -v helm)
 step "building leasehold (for check-log) and the image"
 cargo build --locked --quiet
 LEASEHOLD=${CARGO_TARGET_DIR:-target}/debug/leasehold
-docker build -t "$IMAGE" .
+docker build -f Dockerfile.build -t leasehold-build . && docker build -t "$IMAGE" .
 
 step "creating kind cluster $CLUSTER"
 kind create cluster --name "$CLUSTER" --wait 180s

@@ -2,8 +2,9 @@
 # The end-to-end scenario (tests/e2e/scenario.sh) on a real single-node cluster on this
 # machine: `leasehold dev` (etcd, kube-apiserver, kube-controller-manager) plus
 # containerd + runc, a kubelet and kube-scheduler, all on loopback. Pods really run,
-# get SIGTERM and die. Images are written as OCI tarballs by hand and imported with ctr
-# (no registry, no Docker). Everything is torn down on exit: containers, mounts, dirs.
+# get SIGTERM and die. The leasehold image is built from the Dockerfile by a real Docker
+# engine (tests/e2e/build-image.sh), the pause image written by hand; both are imported
+# with ctr (no registry). Everything is torn down on exit: containers, mounts, dirs.
 #
 # Needs root and Debian's containerd, runc, containernetworking-plugins, busybox-static
 # (installed if missing). Pods use hostNetwork and reach the API server on 127.0.0.1.
@@ -91,7 +92,7 @@ containerd --config "$W/containerd.toml" --root "$W/containerd/root" --state "$W
 CONTAINERD_PID=$!
 until_ok 30 ctr -a "$SOCK" version || fail "containerd did not start: $(tail "$W/containerd.log")"
 
-step "images: pause and leasehold:e2e (OCI tarballs written by hand)"
+step "images: pause (an OCI tarball written by hand) and leasehold:e2e (docker build)"
 rootfs() { # rootfs DIR: busybox with its applets
   mkdir -p "$1/bin" "$1/tmp" "$1/usr/local/bin" && chmod 1777 "$1/tmp"
   cp /bin/busybox "$1/bin/busybox"
@@ -99,10 +100,9 @@ rootfs() { # rootfs DIR: busybox with its applets
 }
 rootfs "$W/img/pause"
 tests/e2e/oci-image.py docker.io/library/pause:local "$W/img/pause" "$W/pause.tar" -- /bin/sh -c "trap 'exit 0' TERM; while true; do sleep 1; done"
-rootfs "$W/img/leasehold"
-cp "$LEASEHOLD" "$W/img/leasehold/usr/local/bin/leasehold"
-for lib in $(ldd "$LEASEHOLD" | grep -o '/[^ ]*'); do mkdir -p "$W/img/leasehold$(dirname "$lib")"; cp -L "$lib" "$W/img/leasehold$lib"; done
-tests/e2e/oci-image.py docker.io/library/leasehold:e2e "$W/img/leasehold" "$W/leasehold.tar" -- /usr/local/bin/leasehold
+# The leasehold image from the Dockerfile, with a real Docker engine (the release recipe
+# on this tree's static build; see the script).
+tests/e2e/build-image.sh docker.io/library/leasehold:e2e "$W/leasehold.tar"
 for t in pause leasehold; do ctr -a "$SOCK" -n k8s.io images import "$W/$t.tar" >/dev/null; done
 rm -rf "$W/img" "$W"/*.tar
 

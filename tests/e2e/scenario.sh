@@ -121,9 +121,14 @@ spec:
   template:
     metadata: { labels: { app: singleton } }
 YAML
-    pod_spec Always singleton "trap \"$(line term); exit 0\" TERM; $(line start); while true; do sleep 1; done"; } \
+    # The trap in single quotes (doubled: the script sits in a YAML single-quoted
+    # string), so its `date` runs when SIGTERM comes, not when the trap is set.
+    pod_spec Always singleton "trap ''$(line term); exit 0'' TERM; $(line start); while true; do sleep 1; done"; } \
     | k apply -n "$NS" -f -
   until_ok 120 has_holder || fail "nobody holds the singleton lock"
+  if [ "$LOG_MODE" = hostpath ]; then # mid-section: once the holder's CMD has started
+    until_ok 30 grep -q "^start .* $(holder) " "$HOST_LOG_DIR/log" || fail "the holder's CMD never started"
+  fi
   hand_off
   # Released, not expired: the CMD stopped on SIGTERM and leasehold run released.
   until_ok 30 bash -c "'$KUBECTL' get events -n $NS --field-selector reason=Released -o name | grep -q ." \
