@@ -10,6 +10,7 @@ group "default" { targets = ["image"] }
 target "build" {
   context    = "."
   dockerfile = "Dockerfile.build"
+  args       = { REVISION = REVISION }
 }
 
 target "image" {

@@ -98,13 +98,18 @@ mod tests {
         );
         let names = &crd["spec"]["names"];
         assert_eq!(names["shortNames"][0], "dlock");
+        assert_eq!(names["categories"][0], "leasehold");
         let cols: Vec<_> = crd["spec"]["versions"][0]["additionalPrinterColumns"]
             .as_array()
             .unwrap()
             .iter()
             .map(|c| c["name"].as_str().unwrap().to_string())
             .collect();
-        assert_eq!(cols, ["Holder", "Queue", "Token", "Age"]);
+        assert_eq!(cols, ["Holder", "Queue", "Token", "Ready", "Age"]);
+        let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
+        let conditions = &status["properties"]["conditions"];
+        assert_eq!(conditions["x-kubernetes-list-type"], "map", "conditions merge by type");
+        assert_eq!(conditions["x-kubernetes-list-map-keys"][0], "type");
         assert!(crd["spec"]["versions"][0]["subresources"]["status"].is_object());
     }
 }

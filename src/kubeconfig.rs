@@ -1,24 +1,31 @@
-//! Building a Kubernetes client: from a kubeconfig file, or the usual inference
-//! (`$KUBECONFIG`, `~/.kube/config`, in-cluster).
+//! Building a Kubernetes client: from a kubeconfig file and/or a named context, or the
+//! usual inference (`$KUBECONFIG`, `~/.kube/config`, in-cluster).
 
 use std::path::Path;
 
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-/// A client for a kubeconfig file.
+/// A client for a kubeconfig file (its current context).
 pub async fn client_for(path: &Path) -> Result<Client, kube::Error> {
-    let kc = Kubeconfig::read_from(path).map_err(kube::Error::InferKubeconfig)?;
-    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .map_err(kube::Error::InferKubeconfig)?;
-    Client::try_from(config)
+    client(Some(path), None).await
 }
 
-/// A client for `kubeconfig` when given, else the inferred default.
-pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, kube::Error> {
-    match kubeconfig {
-        Some(path) => client_for(path).await,
-        None => Client::try_default().await,
-    }
+/// A client for `kubeconfig` (else `$KUBECONFIG` or `~/.kube/config`) and `context`
+/// (else the current context); with neither given, the inferred default, which falls
+/// back to the in-cluster configuration.
+pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Client, kube::Error> {
+    let options = KubeConfigOptions {
+        context: context.map(String::from),
+        ..KubeConfigOptions::default()
+    };
+    let config = match (kubeconfig, context) {
+        (Some(path), _) => {
+            let kc = Kubeconfig::read_from(path).map_err(kube::Error::InferKubeconfig)?;
+            kube::Config::from_custom_kubeconfig(kc, &options).await
+        }
+        (None, Some(_)) => kube::Config::from_kubeconfig(&options).await,
+        (None, None) => return Client::try_default().await,
+    };
+    Client::try_from(config.map_err(kube::Error::InferKubeconfig)?)
 }

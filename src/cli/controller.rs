@@ -2,6 +2,8 @@
 
 use std::net::SocketAddr;
 
+use super::ClusterArgs;
+
 /// Options of `leasehold controller`.
 #[derive(clap::Args, Debug)]
 pub struct ControllerArgs {
@@ -18,11 +20,14 @@ pub struct ControllerArgs {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "LEASEHOLD_WATCH_NAMESPACE")]
     pub namespace: Option<String>,
+    /// Which cluster (default: in-cluster when run in a pod).
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 /// Run the controller until SIGINT or SIGTERM.
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    let client = kube::Client::try_default().await?;
+    let client = args.cluster.client().await?;
     let identity = args
         .identity
         .unwrap_or_else(|| format!("leasehold-{}", std::process::id()));

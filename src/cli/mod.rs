@@ -1,9 +1,13 @@
 //! The `leasehold` command line: one subcommand per job.
 
+mod cluster;
+pub mod completions;
 mod controller;
 mod dev;
 pub mod run;
 pub(crate) mod status;
+
+pub use cluster::ClusterArgs;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -37,6 +41,8 @@ pub enum Command {
     /// Run a local control plane (etcd, kube-apiserver, kube-controller-manager) on
     /// loopback with the CRD installed, until Ctrl-C.
     Dev(dev::DevArgs),
+    /// Print a shell completion script: `source <(leasehold completions bash)`.
+    Completions(completions::CompletionsArgs),
     /// Check a critical-section log (`start|end|term <token> <pod>` lines): mutual
     /// exclusion, strictly increasing tokens, optionally the expected order.
     #[command(hide = true)]
@@ -115,6 +121,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Crd => print!("{}", crate::crd::crd_yaml()),
         Command::Controller(args) => controller::run(args).await?,
         Command::Dev(args) => dev::run(args).await?,
+        Command::Completions(args) => print!("{}", completions::script(args.shell)),
         Command::CheckLog {
             file,
             max_holders,

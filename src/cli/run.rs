@@ -1,15 +1,16 @@
 //! `leasehold run --lock NAME -- CMD`: run CMD while holding the lock.
 //!
 //! CMD gets `LEASEHOLD_LOCK`, `LEASEHOLD_NAMESPACE` and `LEASEHOLD_FENCING_TOKEN`.
-//! SIGTERM/SIGINT are forwarded to it; when it exits the lock is released and its exit
-//! status becomes ours. If the grant is lost, CMD gets SIGTERM and, after the safety
-//! margin, SIGKILL — so it is dead before the lease could run out. CMD runs under
+//! SIGTERM/SIGINT are forwarded to it; when it exits the lock is released (a failed
+//! release is retried; if it still fails, the claim expires) and its exit status
+//! becomes ours. Our own failures exit 125; a lock not granted (`--timeout`, `--try`)
+//! exits 75 or `--timeout-exit-code`. If the grant is lost, CMD gets SIGTERM and,
+//! after the safety margin, SIGKILL — so it is dead before the lease could run out. CMD runs under
 //! `leasehold guard --supervise` ([`crate::supervise`]) in a process group of its own:
 //! signals reach its whole group, and its whole process tree dies when it exits, when
 //! the grant is lost, and with us even if we are killed by SIGKILL.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -17,14 +18,18 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::client::{Error as ClientError, Lock};
+use super::ClusterArgs;
+use crate::client::{Error as ClientError, Lock, WaitEvent};
 use crate::protocol::timing::safety_margin;
 use crate::supervise::{FORWARD_TERM_SIGNAL, KILL_TIMEOUT, KILL_TREE_SIGNAL};
 
-/// Exit status when `--timeout` passed before the lock was granted (EX_TEMPFAIL).
+/// Exit status when `--timeout` passed before the lock was granted, or `--try` found it
+/// taken (EX_TEMPFAIL), unless `--timeout-exit-code` says otherwise.
 pub const EXIT_TIMEOUT: u8 = 75;
 /// Exit status when the grant was lost while CMD ran (EX_PROTOCOL).
 pub const EXIT_LOST: u8 = 76;
+/// How many times the release is tried after CMD exits (all within half the lease).
+pub const RELEASE_TRIES: u32 = 4;
 
 /// Options of `leasehold run`.
 #[derive(clap::Args, Debug)]
@@ -36,12 +41,21 @@ pub struct RunArgs {
     /// kubeconfig's namespace.
     #[arg(long, short = 'n')]
     pub namespace: Option<String>,
-    /// Give up waiting after this long (e.g. `30s`, `5m`) and exit with status 75.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    /// Give up waiting after this long (e.g. `30s`, `5m`) and exit with status 75 (or
+    /// `--timeout-exit-code`), without running CMD.
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "try_only")]
     pub timeout: Option<Duration>,
-    /// Path of a kubeconfig; default: $KUBECONFIG, ~/.kube/config, or in-cluster.
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
+    /// Take the lock only if it is free: when it is held (or others wait for it), exit
+    /// at once with status 75 (or `--timeout-exit-code`), without running CMD.
+    #[arg(long = "try")]
+    pub try_only: bool,
+    /// The exit status when `--timeout` passes or `--try` finds the lock taken (like
+    /// `flock -E`); `--timeout-exit-code 0` lets a CronJob skip a run quietly.
+    #[arg(long, value_name = "N", default_value_t = EXIT_TIMEOUT)]
+    pub timeout_exit_code: u8,
+    /// Which cluster.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub command: Vec<OsString>,
@@ -49,23 +63,17 @@ pub struct RunArgs {
 
 /// Acquire, run CMD, release; returns CMD's exit status (or 75 / 76).
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let client = crate::kubeconfig::client(args.kubeconfig.as_deref()).await?;
+    let client = args.cluster.client().await?;
     let namespace = args
         .namespace
         .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
         .unwrap_or_else(|| client.default_namespace().to_string());
-    let lock_name = args.lock.clone();
     // A second pool for the claim's writes keeps the release off a cold connection.
-    let writes = crate::kubeconfig::client(args.kubeconfig.as_deref()).await?;
+    let writes = args.cluster.client().await?;
+    let (name, ns) = (args.lock.clone(), namespace.clone());
     let lock = Lock::builder(client, &namespace, &args.lock)
         .write_client(writes)
-        .on_wait(move |w| {
-            eprintln!(
-                "leasehold: waiting for lock {lock_name}: position {} in queue, held by {}",
-                w.position,
-                w.holders.join(", ")
-            );
-        })
+        .on_wait_event(move |event| eprintln!("{}", notice(event, &name, &ns)))
         .build()?;
     // The supervisor is started now and waits: a process start costs milliseconds,
     // which belong to the wait, not to the handoff.
@@ -79,16 +87,32 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     nix::sys::prctl::set_child_subreaper(true)?;
     let mut child = cmd.spawn()?;
     drop(cmd); // closes our copy of the supervisor's end of the start pipe
-    let guard = match args.timeout {
-        Some(t) => lock.acquire_timeout(t).await,
-        None => lock.acquire().await,
+    let acquired = match (args.try_only, args.timeout) {
+        (true, _) => lock.try_acquire().await,
+        (false, Some(t)) => lock.acquire_timeout(t).await.map(Some),
+        (false, None) => lock.acquire().await.map(Some),
     };
-    let guard = match guard {
-        Ok(g) => g,
-        Err(ClientError::Timeout(t)) => {
-            eprintln!("leasehold: lock {} not granted within {t:?}", args.lock);
-            return Ok(ExitCode::from(EXIT_TIMEOUT));
+    let guard = match acquired {
+        Ok(Some(g)) => g,
+        Ok(None) => {
+            eprintln!(
+                "leasehold: lock {} is taken (--try): not running the command",
+                args.lock
+            );
+            return Ok(ExitCode::from(args.timeout_exit_code));
         }
+        Err(ClientError::Timeout(t)) if !args.try_only => {
+            eprintln!("leasehold: lock {} not granted within {t:?}", args.lock);
+            return Ok(ExitCode::from(args.timeout_exit_code));
+        }
+        Err(ClientError::Timeout(t)) => anyhow::bail!(
+            "no controller placed the claim for lock {} within {t:?} (--try): is the leasehold controller running?",
+            args.lock
+        ),
+        Err(ClientError::NoSuchLock(_)) => anyhow::bail!(
+            "lock {} does not exist in namespace {namespace} (kubectl get distributedlocks -n {namespace})",
+            args.lock
+        ),
         Err(e) => return Err(e.into()),
     };
     let token = guard.fencing_token();
@@ -133,11 +157,31 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     if !outlived_by_nothing() {
         guard.abandon();
-    } else if let Err(e) = guard.release().await {
+    } else if let Err(e) = guard.release_retrying(RELEASE_TRIES).await {
         // CMD's work is done: its status is ours. The claim expires within a lease.
         eprintln!("leasehold: {e}; the claim will expire instead");
     }
     Ok(exit_code(status))
+}
+
+/// The line printed while waiting, on each [`WaitEvent`].
+pub fn notice(event: &WaitEvent, lock: &str, ns: &str) -> String {
+    match event {
+        WaitEvent::Queued(w) => format!(
+            "leasehold: waiting for lock {lock}: position {} in queue, held by {}",
+            w.position,
+            w.holders.join(", ")
+        ),
+        WaitEvent::LockMissing => format!(
+            "leasehold: lock {lock} does not exist in namespace {ns} (kubectl get distributedlocks -n {ns}); \
+             waiting for it to be created"
+        ),
+        WaitEvent::Unqueued { claim, waited } => format!(
+            "leasehold: no controller has queued claim {claim} for lock {lock} within {}s: is the leasehold \
+             controller running (kubectl get pods -l app.kubernetes.io/name=leasehold -A)?",
+            waited.as_secs()
+        ),
+    }
 }
 
 /// Kill whatever of CMD's tree is left (re-parented to us); true when nothing is, so

@@ -9,6 +9,10 @@ use tokio::task::JoinHandle;
 
 use super::Error;
 use super::session::{Session, State};
+use crate::protocol::timing::release_budget;
+
+/// Pause before the first retry of a failed release; it doubles before each further try.
+pub const RELEASE_RETRY_DELAY: Duration = Duration::from_millis(200);
 
 /// State shared by all guards of one grant (reentrant acquisitions share it).
 #[derive(Debug)]
@@ -32,6 +36,34 @@ impl Held {
             tracing::warn!(claim = self.session.claim, error = %e, "the renewal task failed");
         }
         released
+    }
+
+    /// [`Held::release`], then retry a failed release mark, up to `tries` attempts in
+    /// all, [`RELEASE_RETRY_DELAY`] apart (doubling), all within [`release_budget`].
+    pub async fn release_retrying(&self, tries: u32) -> Result<(), Error> {
+        let budget = release_budget(self.session.lease);
+        let until = tokio::time::Instant::now() + budget;
+        let mut delay = RELEASE_RETRY_DELAY;
+        for attempt in 1.. {
+            let write = async {
+                match attempt {
+                    1 => self.release().await,
+                    _ => self.session.release_mark().await,
+                }
+            };
+            let e = match tokio::time::timeout_at(until, write).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => e,
+                Err(_) => Error::ReleaseTimeout(budget),
+            };
+            if attempt >= tries || tokio::time::Instant::now() + delay >= until {
+                return Err(e);
+            }
+            tracing::warn!(claim = self.session.claim, error = %e, ?delay, "releasing failed; retrying");
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+        }
+        unreachable!("the attempts end by returning")
     }
 }
 
@@ -88,6 +120,17 @@ impl Guard {
         }
         Ok(())
     }
+
+    /// [`Guard::release`], retrying a failed release: up to `tries` attempts in all,
+    /// [`RELEASE_RETRY_DELAY`] apart (doubling), never for longer than half the lease.
+    /// When it still fails, the claim expires within the lease instead.
+    pub async fn release_retrying(mut self, tries: u32) -> Result<(), Error> {
+        self.released = true;
+        if self.held.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.held.release_retrying(tries).await?;
+        }
+        Ok(())
+    }
 }
 
 impl Guard {
@@ -116,5 +159,83 @@ impl Drop for Guard {
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::AtomicU32;
+
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::Api;
+
+    use super::*;
+    use crate::protocol::PodIdentity;
+
+    /// A claim API whose create succeeds and whose first `failing` patches (release
+    /// marks) fail with a 500; counts the patches.
+    fn flaky_patches(failing: u32) -> (Api<Lease>, Arc<AtomicU32>) {
+        let patches = Arc::new(AtomicU32::new(0));
+        let seen = patches.clone();
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let failed = req.method() == http::Method::PATCH && seen.fetch_add(1, Ordering::SeqCst) < failing;
+            async move {
+                let (status, body) = if failed {
+                    let body = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "message": "etcd is sulking", "reason": "InternalError", "code": 500});
+                    (500, body)
+                } else {
+                    let body = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                        "metadata": {"name": "l-1", "namespace": "ns", "resourceVersion": "1"}});
+                    (200, body)
+                };
+                let mut resp = http::Response::new(Full::new(Bytes::from(body.to_string())));
+                *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                Ok::<_, Infallible>(resp)
+            }
+        });
+        (Api::namespaced(kube::Client::new(service, "ns"), "ns"), patches)
+    }
+
+    async fn held_grant(leases: Api<Lease>, lease_secs: i32) -> Held {
+        let identity = PodIdentity {
+            name: "p".into(),
+            namespace: "ns".into(),
+            uid: "u".into(),
+        };
+        let (session, renewal) = Session::create(leases, "l", &identity, lease_secs).await.unwrap();
+        Held {
+            session,
+            token: 1,
+            count: AtomicUsize::new(1),
+            renewal: std::sync::Mutex::new(Some(renewal)),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_release_is_retried_until_it_is_written() {
+        let (leases, patches) = flaky_patches(2);
+        let held = held_grant(leases, 30).await;
+        held.release_retrying(3).await.expect("the third attempt is written");
+        assert_eq!(patches.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_retries_stop_after_the_tries_or_half_the_lease() {
+        let (leases, patches) = flaky_patches(u32::MAX);
+        let held = held_grant(leases, 30).await;
+        assert!(held.release_retrying(3).await.is_err());
+        assert_eq!(patches.load(Ordering::SeqCst), 3, "three tries");
+
+        // A 1 s lease: retries at 200 ms, then 600 ms would pass half the lease.
+        let (leases, patches) = flaky_patches(u32::MAX);
+        let held = held_grant(leases, 1).await;
+        let started = tokio::time::Instant::now();
+        assert!(held.release_retrying(10).await.is_err());
+        assert_eq!(patches.load(Ordering::SeqCst), 2);
+        assert!(started.elapsed() <= release_budget(Duration::from_secs(1)));
     }
 }

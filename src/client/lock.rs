@@ -12,6 +12,7 @@ use kube::Client;
 use kube::api::Api;
 
 use super::guard::{Guard, Held};
+use super::progress::{Listener, Progress, WaitEvent};
 use super::session::{LostReason, Session};
 use super::watch::{LockWatch, Seen};
 use super::{Error, WaitStatus, identity_from_env};
@@ -22,8 +23,6 @@ use crate::protocol::{PodIdentity, granted_token};
 /// How long `try_acquire` waits for the controller to place its claim.
 pub const TRY_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
-type OnWait = Arc<dyn Fn(&WaitStatus) + Send + Sync>;
-
 /// A handle on one DistributedLock for this process. Acquisitions through the same
 /// handle are reentrant: they share one grant, released when the last is released.
 pub struct Lock {
@@ -31,7 +30,7 @@ pub struct Lock {
     writes: Client,
     name: String,
     identity: PodIdentity,
-    on_wait: Option<OnWait>,
+    listeners: Vec<Listener>,
     current: tokio::sync::Mutex<Option<Arc<Held>>>,
 }
 
@@ -51,7 +50,7 @@ pub struct LockBuilder {
     namespace: String,
     name: String,
     identity: Option<PodIdentity>,
-    on_wait: Option<OnWait>,
+    listeners: Vec<Listener>,
 }
 
 // === impl LockBuilder ===
@@ -74,8 +73,18 @@ impl LockBuilder {
     }
 
     /// Call `f` whenever the claim's place in the queue changes while waiting.
-    pub fn on_wait(mut self, f: impl Fn(&WaitStatus) + Send + Sync + 'static) -> Self {
-        self.on_wait = Some(Arc::new(f));
+    pub fn on_wait(self, f: impl Fn(&WaitStatus) + Send + Sync + 'static) -> Self {
+        self.on_wait_event(move |event| {
+            if let WaitEvent::Queued(status) = event {
+                f(status)
+            }
+        })
+    }
+
+    /// Call `f` with each [`WaitEvent`] while waiting: the place in the queue as it
+    /// changes, a missing lock, a claim no controller has placed.
+    pub fn on_wait_event(mut self, f: impl Fn(&WaitEvent) + Send + Sync + 'static) -> Self {
+        self.listeners.push(Arc::new(f));
         self
     }
 
@@ -99,7 +108,7 @@ impl LockBuilder {
             client: self.client,
             name: self.name,
             identity,
-            on_wait: self.on_wait,
+            listeners: self.listeners,
             current: tokio::sync::Mutex::new(None),
         })
     }
@@ -132,7 +141,7 @@ impl Lock {
             namespace: namespace.into(),
             name: name.into(),
             identity: None,
-            on_wait: None,
+            listeners: Vec::new(),
         }
     }
 
@@ -142,7 +151,8 @@ impl Lock {
     }
 
     /// Take the lock only if it is granted without waiting behind anyone; otherwise
-    /// withdraw the claim and return `None`.
+    /// withdraw the claim and return `None`. Fails with [`Error::NoSuchLock`] when the
+    /// lock does not exist.
     pub async fn try_acquire(&self) -> Result<Option<Guard>, Error> {
         self.acquire_with(Mode::Try).await
     }
@@ -174,6 +184,10 @@ impl Lock {
             .get_opt(&self.name)
             .await
             .map_err(|e| Error::GetLock(self.name.clone(), e))?;
+        let exists = spec.is_some();
+        if !exists && matches!(mode, Mode::Try) {
+            return Err(Error::NoSuchLock(self.name.clone()));
+        }
         let secs = spec
             .map(|l| l.spec.lease_duration_seconds)
             .unwrap_or(DEFAULT_LEASE_DURATION_SECONDS);
@@ -183,7 +197,7 @@ impl Lock {
         let (session, renewal) = Session::create(leases, &self.name, &self.identity, secs).await?;
         // If this future is dropped from here on, the claim is withdrawn.
         let mut withdraw = Withdraw(Some(session.clone()));
-        let outcome = self.wait_grant(&mut events, &session, &mode).await;
+        let outcome = self.wait_grant(&mut events, &session, &mode, exists).await;
         withdraw.0 = None;
         match outcome {
             Ok(Outcome::Granted(token)) => {
@@ -209,52 +223,56 @@ impl Lock {
         }
     }
 
-    async fn wait_grant(&self, events: &mut LockWatch, session: &Session, mode: &Mode) -> Result<Outcome, Error> {
+    async fn wait_grant(
+        &self,
+        events: &mut LockWatch,
+        session: &Session,
+        mode: &Mode,
+        exists: bool,
+    ) -> Result<Outcome, Error> {
         let claim = session.claim.as_str();
+        let now = tokio::time::Instant::now;
         let until = match mode {
             Mode::Wait => None,
-            Mode::Try => Some(tokio::time::Instant::now() + TRY_ACQUIRE_TIMEOUT),
+            Mode::Try => Some(now() + TRY_ACQUIRE_TIMEOUT),
             Mode::Until(at, _) => Some(*at),
         };
-        let mut last_status: Option<WaitStatus> = None;
+        let mut progress = Progress::new(&self.listeners, claim, now(), exists);
         loop {
-            let deadline = async {
-                match until {
-                    Some(at) => tokio::time::sleep_until(at).await,
+            let at = |t: Option<tokio::time::Instant>| async move {
+                match t {
+                    Some(t) => tokio::time::sleep_until(t).await,
                     None => std::future::pending().await,
                 }
             };
             let lock = tokio::select! {
                 seen = events.next() => match seen {
                     Some(Seen::Lock(lock)) => lock,
-                    Some(Seen::Gone) => continue, // the claim waits for the lock to exist
+                    Some(Seen::Gone) if matches!(mode, Mode::Try) => return Err(Error::NoSuchLock(self.name.clone())),
+                    Some(Seen::Gone) => {
+                        progress.lock_missing(); // the claim waits for the lock to exist
+                        continue;
+                    }
                     None => return Err(Error::Watch(self.name.clone())),
                 },
                 _ = session.lost() => return Err(Error::ClaimLost(claim.into())),
-                _ = deadline => return Err(Error::Timeout(match mode {
+                _ = at(until) => return Err(Error::Timeout(match mode {
                     Mode::Until(_, d) => *d,
                     _ => TRY_ACQUIRE_TIMEOUT,
                 })),
+                _ = at(progress.notice_at()) => {
+                    progress.notice_due(now());
+                    continue;
+                }
             };
             let status = lock.status.clone().unwrap_or_default();
             if let Some(token) = granted_token(&status, claim) {
                 return Ok(Outcome::Granted(token));
             }
-            if let Some(pos) = status.queue.iter().position(|w| w.claim == claim) {
-                if matches!(mode, Mode::Try) {
-                    return Ok(Outcome::WouldBlock);
-                }
-                let now = WaitStatus {
-                    position: pos + 1,
-                    holders: status.holders.iter().map(|h| h.pod.clone()).collect(),
-                };
-                if last_status.as_ref() != Some(&now) {
-                    if let Some(f) = &self.on_wait {
-                        f(&now);
-                    }
-                    last_status = Some(now);
-                }
+            if matches!(mode, Mode::Try) && status.queue.iter().any(|w| w.claim == claim) {
+                return Ok(Outcome::WouldBlock);
             }
+            progress.lock_seen(&status, now());
         }
     }
 }

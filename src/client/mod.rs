@@ -33,13 +33,15 @@
 
 mod guard;
 mod lock;
+mod progress;
 mod session;
 mod watch;
 
 use std::time::Duration;
 
-pub use guard::Guard;
+pub use guard::{Guard, RELEASE_RETRY_DELAY};
 pub use lock::{Lock, LockBuilder, TRY_ACQUIRE_TIMEOUT};
+pub use progress::{UNQUEUED_NOTICE, WaitEvent};
 pub use session::{LostReason, State};
 
 use crate::protocol::PodIdentity;
@@ -84,6 +86,9 @@ pub enum Error {
     /// The lock was not granted in time (the claim was withdrawn).
     #[error("the lock was not granted within {0:?}")]
     Timeout(Duration),
+    /// Taking the lock at once ([`Lock::try_acquire`]) found no such DistributedLock.
+    #[error("taking DistributedLock {0} at once: it does not exist")]
+    NoSuchLock(String),
 }
 
 /// Where a waiting claim stands, for progress output.

@@ -1,7 +1,13 @@
 //! Prometheus metrics (prometheus-client): the families, their labels, and how the
-//! controller records into them.
+//! controller records into them. Per-lock series follow the locks: they are removed when
+//! the lock watch shows a lock deleted (or gone from a relist).
 
+use std::collections::HashSet;
+use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
+
+use kube::ResourceExt;
+use kube::runtime::watcher::Event;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -10,7 +16,17 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::api::RevokeReason;
+use crate::api::{DistributedLock, RevokeReason};
+
+/// The content type of [`Metrics::encode`]'s output (OpenMetrics text).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// This build's source revision (`LEASEHOLD_REVISION` at compile time), for
+/// `leasehold_build_info`.
+pub const REVISION: &str = match option_env!("LEASEHOLD_REVISION") {
+    Some(r) => r,
+    None => "unknown",
+};
 
 /// Labels naming one lock.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -26,6 +42,15 @@ pub struct LockLabels {
 pub struct ReasonLabels {
     /// RevokeReason as a string.
     pub reason: String,
+}
+
+/// The build's identity.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// The crate version.
+    pub version: String,
+    /// The source revision ([`REVISION`]).
+    pub revision: String,
 }
 
 /// An error's short fixed category.
@@ -53,9 +78,19 @@ pub struct Metrics {
     pub reconcile_seconds: Histogram,
     /// Errors by category.
     pub errors: Family<CategoryLabels, Counter>,
+    /// 1 while this replica leads (or runs without election), else 0.
+    pub leader: Gauge,
     /// Set once the controller's caches are synced (or it is a ready standby).
     pub ready: AtomicBool,
+    locks: Mutex<LockSeries>,
     registry: Registry,
+}
+
+/// The locks that have per-lock series, and the locks a relist in progress has shown.
+#[derive(Default)]
+struct LockSeries {
+    known: HashSet<LockLabels>,
+    relisted: Option<HashSet<LockLabels>>,
 }
 
 impl Default for Metrics {
@@ -68,7 +103,17 @@ impl Default for Metrics {
         let handoff_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let reconcile_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let errors = Family::<CategoryLabels, Counter>::default();
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").into(),
+                revision: REVISION.into(),
+            })
+            .set(1);
+        let leader = Gauge::default();
         let mut registry = Registry::with_prefix("leasehold");
+        registry.register("build_info", "The running build (always 1)", build_info);
+        registry.register("leader", "1 while this replica leads, else 0", leader.clone());
         registry.register("grants", "Grants made", grants.clone());
         registry.register("revocations", "Grants revoked, by reason", revocations.clone());
         registry.register("queue_depth", "Claims waiting for the lock", queue_depth.clone());
@@ -94,7 +139,9 @@ impl Default for Metrics {
             handoff_seconds,
             reconcile_seconds,
             errors,
+            leader,
             ready: AtomicBool::new(false),
+            locks: Mutex::default(),
             registry,
         }
     }
@@ -103,7 +150,7 @@ impl Default for Metrics {
 impl Metrics {
     /// Count a grant of lock `ns/lock`, with how long the claim waited in the queue.
     pub fn record_grant(&self, ns: &str, lock: &str, waited_secs: Option<f64>) {
-        self.grants.get_or_create(&lock_labels(ns, lock)).inc();
+        self.grants.get_or_create(&self.lock_series(ns, lock)).inc();
         if let Some(s) = waited_secs {
             self.wait_seconds.observe(s);
         }
@@ -126,7 +173,56 @@ impl Metrics {
     /// Set the number of waiting claims of lock `ns/lock`.
     pub fn set_queue_depth(&self, ns: &str, lock: &str, depth: usize) {
         let depth = i64::try_from(depth).unwrap_or(i64::MAX);
-        self.queue_depth.get_or_create(&lock_labels(ns, lock)).set(depth);
+        self.queue_depth.get_or_create(&self.lock_series(ns, lock)).set(depth);
+    }
+
+    /// Record whether this replica leads.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// Keep the per-lock series in step with the lock watch: remove a deleted lock's,
+    /// and after a relist, those of every lock it did not show.
+    pub fn follow_locks(&self, event: &Event<DistributedLock>) {
+        let labels = |l: &DistributedLock| lock_labels(&l.namespace().unwrap_or_default(), &l.name_any());
+        let mut series = self.locks.lock().expect("lock series poisoned");
+        match event {
+            Event::Delete(lock) => {
+                let gone = labels(lock);
+                self.remove_lock_series(&gone);
+                series.known.remove(&gone);
+            }
+            Event::Init => series.relisted = Some(HashSet::new()),
+            Event::InitApply(lock) => {
+                if let Some(listed) = series.relisted.as_mut() {
+                    listed.insert(labels(lock));
+                }
+            }
+            Event::InitDone => {
+                let listed = series.relisted.take().unwrap_or_default();
+                let gone: Vec<LockLabels> = series.known.difference(&listed).cloned().collect();
+                for labels in &gone {
+                    self.remove_lock_series(labels);
+                    series.known.remove(labels);
+                }
+            }
+            Event::Apply(_) => {}
+        }
+    }
+
+    /// The labels of lock `ns/lock`, noted as having series.
+    fn lock_series(&self, ns: &str, lock: &str) -> LockLabels {
+        let labels = lock_labels(ns, lock);
+        let mut series = self.locks.lock().expect("lock series poisoned");
+        if !series.known.contains(&labels) {
+            series.known.insert(labels.clone());
+        }
+        labels
+    }
+
+    fn remove_lock_series(&self, labels: &LockLabels) {
+        self.grants.remove(labels);
+        self.queue_depth.remove(labels);
     }
 
     /// Count a reconcile error by its fixed category.
@@ -149,5 +245,76 @@ fn lock_labels(ns: &str, lock: &str) -> LockLabels {
     LockLabels {
         namespace: ns.into(),
         lock: lock.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock(ns: &str, name: &str) -> DistributedLock {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLock",
+            "metadata": {"name": name, "namespace": ns}, "spec": {},
+        }))
+        .unwrap()
+    }
+
+    fn series_of(m: &Metrics, ns: &str, name: &str) -> Vec<String> {
+        let labels = format!("{{namespace=\"{ns}\",lock=\"{name}\"}}");
+        m.encode()
+            .lines()
+            .filter(|l| l.contains(&labels))
+            .map(String::from)
+            .collect()
+    }
+
+    #[test]
+    fn build_info_and_the_leader_gauge_are_exposed() {
+        let m = Metrics::default();
+        let text = m.encode();
+        let build = format!(
+            "leasehold_build_info{{version=\"{}\",revision=\"{REVISION}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&build), "{text}");
+        assert!(text.contains("leasehold_leader 0"), "{text}");
+        m.set_leader(true);
+        assert!(m.encode().contains("leasehold_leader 1"));
+        assert!(text.ends_with("# EOF\n"), "OpenMetrics text ends with # EOF");
+    }
+
+    #[test]
+    fn a_deleted_locks_series_are_removed_and_others_kept() {
+        let m = Metrics::default();
+        m.record_grant("ns", "a", Some(1.0));
+        m.set_queue_depth("ns", "a", 2);
+        m.set_queue_depth("ns", "b", 1);
+        assert_eq!(series_of(&m, "ns", "a").len(), 2);
+        m.follow_locks(&Event::Apply(lock("ns", "a")));
+        assert_eq!(series_of(&m, "ns", "a").len(), 2, "an update removes nothing");
+        m.follow_locks(&Event::Delete(lock("ns", "a")));
+        assert!(series_of(&m, "ns", "a").is_empty(), "{}", m.encode());
+        assert_eq!(
+            series_of(&m, "ns", "b"),
+            ["leasehold_queue_depth{namespace=\"ns\",lock=\"b\"} 1"]
+        );
+    }
+
+    #[test]
+    fn a_relist_removes_the_series_of_locks_it_does_not_show() {
+        let m = Metrics::default();
+        m.set_queue_depth("ns", "a", 0);
+        m.set_queue_depth("ns", "b", 0);
+        m.follow_locks(&Event::Init);
+        m.follow_locks(&Event::InitApply(lock("ns", "b")));
+        assert_eq!(
+            series_of(&m, "ns", "a").len(),
+            1,
+            "nothing goes before the relist is done"
+        );
+        m.follow_locks(&Event::InitDone);
+        assert!(series_of(&m, "ns", "a").is_empty());
+        assert_eq!(series_of(&m, "ns", "b").len(), 1);
     }
 }

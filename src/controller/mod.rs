@@ -97,6 +97,7 @@ pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = (
     });
     let result = match &opts.leader_election_namespace {
         None => {
+            metrics.set_leader(true); // the only replica
             tokio::select! {
                 _ = async { wait_for_crd(client.clone()).await; watches::run_leader(client.clone(), &opts, metrics.clone()).await } => Ok(()),
                 _ = shutdown => Ok(()),
@@ -152,18 +153,21 @@ async fn run_elected(
                 }
             }
             tracing::info!(identity = opts.identity, "leading: reconciling");
+            metrics.set_leader(true);
             tokio::select! {
                 _ = watches::run_leader(client.clone(), opts, metrics.clone()) => {}
                 _ = async { while *leading.borrow_and_update() { if leading.changed().await.is_err() { break } } } => {
                     tracing::warn!("lost leadership: stopping reconciles");
                 }
             }
+            metrics.set_leader(false);
         }
     };
     tokio::select! {
         _ = work => {}
         _ = shutdown => {}
     }
+    metrics.set_leader(false);
     drop(leading); // the manager's task releases the Lease when its channel closes
     let _ = tokio::time::timeout(LEADER_RELEASE_TIMEOUT, task).await;
     Ok(())

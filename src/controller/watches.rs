@@ -31,8 +31,15 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
     );
     let (lease_store, lease_writer) = reflector::store::<Lease>();
     let (pod_store, pod_writer) = reflector::store::<Pod>();
-    let controller = Controller::new(opts.api::<DistributedLock>(&client), watcher::Config::default());
-    let lock_store = controller.store();
+    let (lock_store, lock_writer) = reflector::store::<DistributedLock>();
+    let m = metrics.clone();
+    // A deleted lock is never reconciled: its metric series go as the watch shows it.
+    // (As in `Controller::new`, the controller's trigger backoff paces this watch.)
+    let locks = watcher(opts.api::<DistributedLock>(&client), watcher::Config::default())
+        .reflect(lock_writer)
+        .inspect_ok(move |ev| m.follow_locks(ev))
+        .applied_objects();
+    let controller = Controller::for_stream(locks, lock_store.clone());
 
     let t = tracker.clone();
     let leases = watcher(

@@ -1,6 +1,6 @@
 //! A loopback TCP proxy a test or the soak program controls, to put one client's path to the API server
-//! through the faults a real network has: refusing (`cut`), black-holing (sockets stay
-//! open, nothing comes through: `black_hole`), and holding back only the connections
+//! through the faults a real network has: refusing (`cut` for good, `refuse` until
+//! `restore`), black-holing (sockets stay open, nothing comes through: `black_hole`), and holding back only the connections
 //! already open (a watch stuck on a half-open connection while new requests pass:
 //! `freeze_open`, undone by `thaw`).
 
@@ -20,6 +20,8 @@ struct Control {
     black_hole: bool,
     /// Connections numbered below this hold their bytes until it is lowered to 0.
     frozen_below: u64,
+    /// Close every connection, and each new one at once.
+    refusing: bool,
 }
 
 /// A running proxy.
@@ -40,6 +42,7 @@ impl Proxy {
         let (control, _) = watch::channel(Control {
             black_hole: false,
             frozen_below: 0,
+            refusing: false,
         });
         let accepted = Arc::new(AtomicU64::new(0));
         let (c, ctl, n) = (cut.clone(), control.clone(), accepted.clone());
@@ -50,18 +53,27 @@ impl Proxy {
                     a = listener.accept() => a,
                 };
                 let Ok((down, _)) = accepted else { continue };
+                if ctl.borrow().refusing {
+                    continue; // dropping it closes it
+                }
                 let id = n.fetch_add(1, Ordering::SeqCst);
-                let (c, ctl) = (c.clone(), ctl.subscribe());
+                let (c, mut ctl) = (c.clone(), ctl.subscribe());
                 tokio::spawn(async move {
                     let Ok(up) = TcpStream::connect(("127.0.0.1", upstream)).await else {
                         return;
                     };
                     let (down_r, down_w) = down.into_split();
                     let (up_r, up_w) = up.into_split();
+                    let (ctl_down, ctl_up) = (ctl.clone(), ctl.clone());
                     tokio::select! {
                         _ = c.cancelled() => {}
-                        _ = pump(id, down_r, up_w, ctl.clone()) => {}
-                        _ = pump(id, up_r, down_w, ctl) => {}
+                        _ = async {
+                            if ctl.wait_for(|k| k.refusing).await.is_err() {
+                                std::future::pending::<()>().await; // the proxy's owner is gone
+                            }
+                        } => {}
+                        _ = pump(id, down_r, up_w, ctl_down) => {}
+                        _ = pump(id, up_r, down_w, ctl_up) => {}
                     }
                 });
             }
@@ -77,6 +89,12 @@ impl Proxy {
     /// Partition that refuses: drop all connections and stop accepting.
     pub fn cut(&self) {
         self.cut.cancel();
+    }
+
+    /// Partition that refuses until [`Proxy::restore`]: close every connection, and
+    /// each new one as soon as it is accepted.
+    pub fn refuse(&self) {
+        self.control.send_modify(|c| c.refusing = true);
     }
 
     /// Partition that black-holes: every connection stays open, nothing is forwarded.
@@ -95,9 +113,13 @@ impl Proxy {
         self.control.send_modify(|c| c.frozen_below = 0);
     }
 
-    /// End a black hole: bytes flow again (connections the client gave up on close).
+    /// End a black hole or a refusal: bytes flow again (connections the client gave up
+    /// on close).
     pub fn restore(&self) {
-        self.control.send_modify(|c| c.black_hole = false);
+        self.control.send_modify(|c| {
+            c.black_hole = false;
+            c.refusing = false;
+        });
     }
 
     /// A copy of `kubeconfig` (loopback API server) whose server is this proxy, written

@@ -46,6 +46,13 @@ pub fn command_dead_by<T: Add<Duration, Output = T>>(sent: T, lease: Duration) -
     client_stop_by(sent, lease) + safety_margin(lease)
 }
 
+/// Client side: how long a holder that is done keeps retrying a failed release: half
+/// the lease. Past that the claim is left to expire (within the lease) rather than keep
+/// the caller waiting longer than the expiry itself would.
+pub fn release_budget(lease: Duration) -> Duration {
+    lease / 2
+}
+
 /// Controller side: when an unrenewed claim expires, counted from when this controller
 /// *saw* its last renewal, by the longer of the lock's and the claim's own lease.
 pub fn controller_expiry<T: Add<Duration, Output = T>>(seen: T, spec_lease: Duration, claim_lease: Duration) -> T {

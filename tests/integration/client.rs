@@ -19,7 +19,7 @@ fn spec(lease: i32) -> DistributedLockSpec {
 }
 
 /// A scratch dir for one test's shared log and the runs' stderr.
-fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("leasehold-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -27,7 +27,14 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// Start `leasehold run` as `pod` with `script` (sh) as CMD; `$LOG` is the shared log.
-fn run(kubeconfig: &Path, ns: &TestNs, pod: &PodIdentity, dir: &Path, extra: &[&str], script: &str) -> Child {
+pub(crate) fn run(
+    kubeconfig: &Path,
+    ns: &TestNs,
+    pod: &PodIdentity,
+    dir: &Path,
+    extra: &[&str],
+    script: &str,
+) -> Child {
     let stderr = std::fs::File::create(dir.join(format!("{}.stderr", pod.name))).unwrap();
     Command::new(LEASEHOLD)
         .arg("run")
@@ -49,14 +56,14 @@ fn run(kubeconfig: &Path, ns: &TestNs, pod: &PodIdentity, dir: &Path, extra: &[&
 }
 
 /// The shared log's lines, split into words.
-fn log(dir: &Path) -> Vec<Vec<String>> {
+pub(crate) fn log(dir: &Path) -> Vec<Vec<String>> {
     let text = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
     text.lines()
         .map(|l| l.split_whitespace().map(String::from).collect())
         .collect()
 }
 
-async fn wait_log(dir: &Path, what: &str, pred: impl Fn(&[Vec<String>]) -> bool) {
+pub(crate) async fn wait_log(dir: &Path, what: &str, pred: impl Fn(&[Vec<String>]) -> bool) {
     wait_for(what, DEADLINE, || async { pred(&log(dir)).then_some(()) }).await;
 }
 

@@ -30,7 +30,7 @@ async fn leader(ns: &TestNs) -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
-/// GET a path from 127.0.0.1:port; returns (status line, body).
+/// GET a path from 127.0.0.1:port; returns (status line and headers, body).
 async fn get(port: u16, path: &str) -> Option<(String, String)> {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
     s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
@@ -39,7 +39,7 @@ async fn get(port: u16, path: &str) -> Option<(String, String)> {
     let mut text = String::new();
     s.read_to_string(&mut text).await.ok()?;
     let (head, body) = text.split_once("\r\n\r\n")?;
-    Some((head.lines().next()?.to_string(), body.to_string()))
+    Some((head.to_string(), body.to_string()))
 }
 
 fn free_port() -> u16 {
@@ -91,6 +91,9 @@ async fn a_standby_replica_takes_over_when_the_leader_stops_and_metrics_are_serv
     let grants = format!("leasehold_grants_total{{namespace=\"{}\",lock=\"l\"}} 1", ns.name);
     assert!(metrics.contains(&grants), "the leader counts its grant:\n{metrics}");
     assert!(metrics.contains("leasehold_queue_depth"), "{metrics}");
+    assert!(metrics.contains("\nleasehold_leader 1\n"), "{metrics}");
+    let (_, standby) = get(ports[1 - i], "/metrics").await.unwrap();
+    assert!(standby.contains("\nleasehold_leader 0\n"), "{standby}");
 
     // The leader stops; the standby takes over and grants continue.
     let stopping = replicas[i].take().unwrap();
@@ -112,6 +115,66 @@ async fn a_standby_replica_takes_over_when_the_leader_stops_and_metrics_are_serv
     assert_eq!(tokens(&l), [3]);
     let (_, metrics) = get(ports[1 - i], "/metrics").await.unwrap();
     assert!(metrics.contains("leasehold_handoff_seconds_count"), "{metrics}");
+    assert!(
+        metrics.contains("\nleasehold_leader 1\n"),
+        "the new leader says so:\n{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn metrics_are_openmetrics_with_build_info_and_a_deleted_locks_series_go() {
+    let ns = TestNs::new("metrics").await;
+    let port = free_port();
+    let opts = Options {
+        http_addr: Some(([127, 0, 0, 1], port).into()),
+        ..Options::single("metrics", Some(&ns.name))
+    };
+    let _c = spawn_controller_with(ns.client.clone(), opts);
+    let (head, body) = wait_for("/metrics to answer", DEADLINE, || get(port, "/metrics")).await;
+    let content_type = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type: ").map(String::from));
+    assert_eq!(
+        content_type.as_deref(),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    let build = format!(
+        "leasehold_build_info{{version=\"{}\",revision=",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(body.contains(&build), "{body}");
+    assert!(
+        body.contains("\nleasehold_leader 1\n"),
+        "the only replica leads:\n{body}"
+    );
+
+    for lock in ["gone", "kept"] {
+        ns.lock(
+            lock,
+            DistributedLockSpec {
+                lease_duration_seconds: 60,
+                max_holders: 1,
+            },
+        )
+        .await;
+        let pod = ns.pod(&format!("p-{lock}")).await;
+        claim(&ns, lock, &pod, 60).await;
+        ns.wait_lock(lock, "the claim holds", |l| holders(l).len() == 1).await;
+    }
+    let series = |lock: &str| format!("{{namespace=\"{}\",lock=\"{lock}\"}}", ns.name);
+    let (_, body) = get(port, "/metrics").await.unwrap();
+    assert!(
+        body.contains(&series("gone")) && body.contains(&series("kept")),
+        "{body}"
+    );
+    ns.locks().delete("gone", &Default::default()).await.unwrap();
+    let body = wait_for("the deleted lock's series to go", DEADLINE, || async {
+        let (_, body) = get(port, "/metrics").await?;
+        (!body.contains(&series("gone"))).then_some(body)
+    })
+    .await;
+    let kept = format!("leasehold_grants_total{}", series("kept"));
+    assert!(body.contains(&kept), "the other lock's series stay:\n{body}");
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 //! The binaries come from `scripts/provision-k8s.sh` (run by `scripts/test.sh`).
 
 mod chart;
+mod cli;
 mod client;
 mod controller;
 mod corpus;
