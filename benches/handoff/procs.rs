@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use kube::Client;
 use kube::api::Api;
 use leasehold::api::DistributedLock;
+use leasehold::protocol::claim::PodIdentity;
 use tokio::process::Command;
 
 use crate::setup::{LOCK, namespace, pod};
@@ -85,6 +86,23 @@ fn gaps(text: &str) -> anyhow::Result<Vec<Duration>> {
         .collect())
 }
 
+/// `leasehold run --lock bench -- sh -c SECTION` as `pod`, with `$LOG` the shared log.
+fn run_as(leasehold: &Path, kubeconfig: &Path, pod: &PodIdentity, log: &Log, section: &str) -> Command {
+    let mut cmd = Command::new(leasehold);
+    cmd.arg("run")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--lock", LOCK, "--namespace", &pod.namespace, "--", "sh", "-c", section])
+        .env("POD_NAME", &pod.name)
+        .env("POD_NAMESPACE", &pod.namespace)
+        .env("POD_UID", &pod.uid)
+        .env("LOG", log.path())
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd
+}
+
 /// `leasehold run` end to end: one CMD exits → the next queued CMD starts.
 pub async fn leasehold_run(
     leasehold: &Path,
@@ -101,20 +119,7 @@ pub async fn leasehold_run(
         pods.push(pod(client, ns, &format!("w{i}")).await?);
     }
     contend(contenders, rounds, &log.path(), |i| {
-        let p = &pods[i % pods.len()];
-        Command::new(leasehold)
-            .arg("run")
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(["--lock", LOCK, "--namespace", ns, "--", "sh", "-c", SECTION])
-            .env("POD_NAME", &p.name)
-            .env("POD_NAMESPACE", ns)
-            .env("POD_UID", &p.uid)
-            .env("LOG", log.path())
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
+        run_as(leasehold, kubeconfig, &pods[i % pods.len()], &log, SECTION).spawn()
     })
     .await
 }
@@ -153,20 +158,8 @@ pub async fn sigkill(
         pods.push(pod(client, ns, &format!("k{i}")).await?);
     }
     let spawn = |i: usize| {
-        let p = &pods[i];
-        Command::new(leasehold)
-            .arg("run")
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(["--lock", LOCK, "--namespace", ns, "--", "sh", "-c"])
-            .arg(format!("echo start {i} >> $LOG; exec sleep 3600"))
-            .env("POD_NAME", &p.name)
-            .env("POD_NAMESPACE", ns)
-            .env("POD_UID", &p.uid)
-            .env("LOG", log.path())
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        let section = format!("echo start {i} >> $LOG; exec sleep 3600");
+        run_as(leasehold, kubeconfig, &pods[i], &log, &section)
             .kill_on_drop(true)
             .spawn()
     };
