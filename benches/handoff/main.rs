@@ -103,8 +103,13 @@ async fn measure(args: &Args, kubeconfig: &Path, etcd: &str) -> anyhow::Result<(
             s,
         ));
     }
+    let mut writes = None;
     if want("controller") {
+        let before = stats::api_writes(&client).await?;
         let s = inproc::controller(client.clone(), n).await?;
+        // Let the grant's follow-up writes (stamp, deletion, events) land.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        writes = Some((before, stats::api_writes(&client).await?));
         all.push(Series::new(
             "controller",
             "release mark written -> next holder in status",
@@ -136,6 +141,10 @@ async fn measure(args: &Args, kubeconfig: &Path, etcd: &str) -> anyhow::Result<(
     println!();
     all.iter().for_each(Series::print);
     stats::print_ratios(&all, "etcdctl");
+    if let Some((before, after)) = writes {
+        println!();
+        stats::print_writes_per_grant(&before, &after, n);
+    }
     stats::write_csv(&all, &args.csv)?;
     println!("\nsamples: {}", args.csv.display());
     Ok(())

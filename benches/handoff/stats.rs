@@ -71,3 +71,52 @@ pub fn write_csv(all: &[Series], path: &Path) -> std::io::Result<()> {
     }
     f.flush()
 }
+
+/// The API server's request counters for writes, by (verb, resource), from its /metrics.
+pub async fn api_writes(client: &kube::Client) -> anyhow::Result<std::collections::BTreeMap<(String, String), f64>> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(req).await?;
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let Some((labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let label = |name: &str| {
+            let start = labels.find(&format!("{name}=\""))? + name.len() + 2;
+            Some(labels[start..].split('"').next()?.to_string())
+        };
+        let (Some(verb), Some(resource)) = (label("verb"), label("resource")) else {
+            continue;
+        };
+        if ["POST", "PUT", "PATCH", "DELETE"].contains(&verb.as_str()) {
+            *out.entry((verb, resource)).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    Ok(out)
+}
+
+/// Print the writes between two readings per grant, leaving out the claims' creation.
+pub fn print_writes_per_grant(
+    before: &std::collections::BTreeMap<(String, String), f64>,
+    after: &std::collections::BTreeMap<(String, String), f64>,
+    grants: usize,
+) {
+    let mut total = 0.0;
+    let mut parts = Vec::new();
+    for (key, n) in after {
+        let d = n - before.get(key).copied().unwrap_or(0.0);
+        // Claim creation is the claimant's, not the grant's; the rest (namespaces, pods,
+        // the kube-controller-manager's ServiceAccounts) is the benchmark's setup.
+        let counted = ["leases", "distributedlocks", "events"].contains(&key.1.as_str());
+        if d <= 0.0 || !counted || (key.0 == "POST" && key.1 == "leases") {
+            continue;
+        }
+        total += d;
+        parts.push(format!("{} {} {:.2}", key.0, key.1, d / grants as f64));
+    }
+    println!(
+        "controller path: {:.2} API writes per grant (claim creation excluded): {}",
+        total / grants as f64,
+        parts.join(", ")
+    );
+}

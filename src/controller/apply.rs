@@ -64,6 +64,9 @@ pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
             }
         }
         for claim in &delete {
+            if !ctx.written.delete_now(&ns, claim, std::time::Instant::now()) {
+                continue; // sent already; the watch has not shown it gone yet
+            }
             if let Err(e) = leases.delete(claim, &DeleteParams::default()).await
                 && !matches!(&e, kube::Error::Api(s) if s.is_not_found())
             {

@@ -1,4 +1,5 @@
-//! The controller's own status writes that its lock watch has not shown yet.
+//! The controller's own writes that its watches have not shown yet: status writes, and
+//! claim deletions.
 //!
 //! A claim event can start a reconcile before the watch delivers the status this
 //! controller just wrote; deciding from the cached lock would then be deciding from a
@@ -8,14 +9,23 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 
 use crate::api::DistributedLock;
 
-/// Per lock: the resourceVersion a write replaced, and the object it wrote.
+/// How long a claim deletion is taken to be under way before it is sent again (the claim
+/// still showing then means it failed or was lost).
+pub const DELETE_RETRY: Duration = Duration::from_secs(5);
+
+/// Per lock: the resourceVersion a write replaced, and the object it wrote; per claim
+/// (namespace, name): when its deletion was sent.
 #[derive(Default)]
-pub struct Written(Mutex<HashMap<(String, String), (String, DistributedLock)>>);
+pub struct Written {
+    statuses: Mutex<HashMap<(String, String), (String, DistributedLock)>>,
+    deletes: Mutex<HashMap<(String, String), Instant>>,
+}
 
 fn key(lock: &DistributedLock) -> (String, String) {
     (lock.namespace().unwrap_or_default(), lock.name_any())
@@ -26,7 +36,7 @@ impl Written {
     /// cache still shows the version that write replaced; otherwise `cached` itself
     /// (and the record of the write is dropped, the cache having moved on).
     pub fn fresher(&self, cached: &DistributedLock) -> DistributedLock {
-        let mut map = self.0.lock().expect("written lock poisoned");
+        let mut map = self.statuses.lock().expect("written lock poisoned");
         let k = key(cached);
         match map.get(&k) {
             Some((replaced, written)) if cached.metadata.resource_version.as_ref() == Some(replaced) => written.clone(),
@@ -40,16 +50,32 @@ impl Written {
 
     /// Remember that `written` replaced the version `replaced` of its lock.
     pub fn record(&self, replaced: Option<String>, written: DistributedLock) {
-        let mut map = self.0.lock().expect("written lock poisoned");
+        let mut map = self.statuses.lock().expect("written lock poisoned");
         match replaced {
             Some(rv) => map.insert(key(&written), (rv, written)),
             None => map.remove(&key(&written)),
         };
     }
 
+    /// Whether to send the deletion of claim `name` in `ns` now: not while one sent less
+    /// than [`DELETE_RETRY`] ago may still be under way (every reconcile until the
+    /// watch shows the claim gone plans its deletion again). Records the send.
+    pub fn delete_now(&self, ns: &str, name: &str, now: Instant) -> bool {
+        let mut sent = self.deletes.lock().expect("written lock poisoned");
+        sent.retain(|_, at| now.saturating_duration_since(*at) < 6 * DELETE_RETRY);
+        let key = (ns.to_string(), name.to_string());
+        match sent.get(&key) {
+            Some(at) if now.saturating_duration_since(*at) < DELETE_RETRY => false,
+            _ => {
+                sent.insert(key, now);
+                true
+            }
+        }
+    }
+
     /// Forget a lock (deleted).
     pub fn forget(&self, lock: &DistributedLock) {
-        self.0.lock().expect("written lock poisoned").remove(&key(lock));
+        self.statuses.lock().expect("written lock poisoned").remove(&key(lock));
     }
 }
 
@@ -83,6 +109,22 @@ mod tests {
         // The cache caught up (or someone else wrote): the cache wins, the record goes.
         assert_eq!(w.fresher(&lock("3", 5)).metadata.resource_version.as_deref(), Some("3"));
         assert_eq!(w.fresher(&lock("1", 0)).metadata.resource_version.as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn a_claim_deletion_is_sent_once_until_it_may_have_failed() {
+        let w = Written::default();
+        let t0 = Instant::now();
+        assert!(w.delete_now("ns", "c", t0));
+        assert!(
+            !w.delete_now("ns", "c", t0 + Duration::from_millis(10)),
+            "sent again at once"
+        );
+        assert!(w.delete_now("ns", "other", t0), "another claim is another deletion");
+        assert!(
+            w.delete_now("ns", "c", t0 + DELETE_RETRY),
+            "retried once it may have failed"
+        );
     }
 
     #[test]
