@@ -70,6 +70,7 @@ pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
             if let Err(e) = leases.delete(claim, &DeleteParams::default()).await
                 && !matches!(&e, kube::Error::Api(s) if s.is_not_found())
             {
+                ctx.written.delete_failed(&ns, claim);
                 tracing::warn!(claim, error = %e, "deleting a finished claim failed; will retry");
             }
         }

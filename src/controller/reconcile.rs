@@ -94,7 +94,10 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         }
         after_write(&ctx, &current, &plan);
         ctx.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
-        let requeue = match plan.next_deadline {
+        // A claim to delete is looked at again once its deletion may have failed, even
+        // on a lock with nothing else to wait for.
+        let deletes = (!plan.decision.delete_claims.is_empty()).then(|| Instant::now() + super::written::DELETE_RETRY);
+        let requeue = match plan.next_deadline.into_iter().chain(deletes).min() {
             Some(at) => Requeue::requeue(at.saturating_duration_since(Instant::now()) + Duration::from_millis(10)),
             None => Requeue::await_change(),
         };

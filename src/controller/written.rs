@@ -73,6 +73,12 @@ impl Written {
         }
     }
 
+    /// A deletion sent failed: the next reconcile sends it again.
+    pub fn delete_failed(&self, ns: &str, name: &str) {
+        let mut sent = self.deletes.lock().expect("written lock poisoned");
+        sent.remove(&(ns.to_string(), name.to_string()));
+    }
+
     /// Forget a lock (deleted).
     pub fn forget(&self, lock: &DistributedLock) {
         self.statuses.lock().expect("written lock poisoned").remove(&key(lock));

@@ -99,13 +99,14 @@ pub fn supervise(argv: &[OsString], start_fd: Option<i32>) -> std::io::Result<Op
         // Everything above is paid before the start message, off the handoff's path.
         let env = match start_fd {
             Some(fd) => tokio::select! {
+                biased; // a signal already here wins over a start message
+                _ = term.recv() => return Ok(None),
+                _ = int.recv() => return Ok(None),
+                _ = kill_tree.recv() => return Ok(None),
                 env = read_start(start_file(fd)?) => match env? {
                     Some(env) => env,
                     None => return Ok(None),
                 },
-                _ = term.recv() => return Ok(None),
-                _ = int.recv() => return Ok(None),
-                _ = kill_tree.recv() => return Ok(None),
             },
             None => Vec::new(),
         };
