@@ -113,12 +113,8 @@ impl Guard {
 
     /// Release this acquisition. For a reentrant lock the grant is given up when the
     /// last acquisition is released: its claim is marked released (one write).
-    pub async fn release(mut self) -> Result<(), Error> {
-        self.released = true;
-        if self.held.count.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.held.release().await?;
-        }
-        Ok(())
+    pub async fn release(self) -> Result<(), Error> {
+        self.release_retrying(1).await
     }
 
     /// [`Guard::release`], retrying a failed release: up to `tries` attempts in all,
