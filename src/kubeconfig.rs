@@ -15,6 +15,12 @@ pub async fn client_for(path: &Path) -> Result<Client, kube::Error> {
 /// (else the current context); with neither given, the inferred default, which falls
 /// back to the in-cluster configuration.
 pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Client, kube::Error> {
+    Client::try_from(config(kubeconfig, context).await?)
+}
+
+/// The configuration [`client`] builds its client from (read once, it can make several
+/// clients, each with its own connection pool).
+pub async fn config(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<kube::Config, kube::Error> {
     let options = KubeConfigOptions {
         context: context.map(String::from),
         ..KubeConfigOptions::default()
@@ -25,7 +31,7 @@ pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<
             kube::Config::from_custom_kubeconfig(kc, &options).await
         }
         (None, Some(_)) => kube::Config::from_kubeconfig(&options).await,
-        (None, None) => return Client::try_default().await,
+        (None, None) => return kube::Config::infer().await.map_err(kube::Error::InferConfig),
     };
-    Client::try_from(config.map_err(kube::Error::InferKubeconfig)?)
+    config.map_err(kube::Error::InferKubeconfig)
 }

@@ -16,6 +16,12 @@ pub struct ClusterArgs {
 impl ClusterArgs {
     /// A client for the chosen kubeconfig and context.
     pub async fn client(&self) -> Result<kube::Client, kube::Error> {
-        crate::kubeconfig::client(self.kubeconfig.as_deref(), self.context.as_deref()).await
+        kube::Client::try_from(self.config().await?)
+    }
+
+    /// The configuration of the chosen kubeconfig and context (read once for several
+    /// clients).
+    pub async fn config(&self) -> Result<kube::Config, kube::Error> {
+        crate::kubeconfig::config(self.kubeconfig.as_deref(), self.context.as_deref()).await
     }
 }
