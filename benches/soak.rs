@@ -215,6 +215,7 @@ async fn setup(client: &Client, lease: i32) -> anyhow::Result<()> {
         DistributedLockSpec {
             lease_duration_seconds: lease,
             max_holders: 1,
+            backend: None,
         },
     );
     Api::<DistributedLock>::namespaced(client.clone(), NS)

@@ -9,9 +9,11 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 ensure_tools() {
   local sudo="" missing=()
   [ "$(id -u)" = 0 ] || sudo=sudo
-  for tool in openssl curl gcc; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+  # protoc: the etcd backend's client (etcd-client) compiles etcd's protobufs.
+  for tool in openssl curl gcc protoc; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
   if [ ${#missing[@]} -gt 0 ]; then
-    apt_install "${missing[@]/gcc/build-essential}" ca-certificates
+    missing=("${missing[@]/gcc/build-essential}")
+    apt_install "${missing[@]/protoc/protobuf-compiler}" ca-certificates
   fi
   if ! command -v cargo >/dev/null 2>&1; then
     [ -x "$HOME/.cargo/bin/cargo" ] || { step "installing the Rust toolchain (rustup)"; curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c clippy,rustfmt >&2; }

@@ -72,6 +72,69 @@ pub struct DistributedLockSpec {
     #[serde(default = "default_max_holders")]
     #[schemars(range(min = 1, max = 1000))]
     pub max_holders: i32,
+
+    /// Where the lock's claims live. Omitted: claim Leases on the Kubernetes API server,
+    /// granted by the controller. `etcd`: keys in an etcd cluster the pods reach
+    /// directly, granted in etcd's own order; the controller mirrors them into status.
+    /// Do not change the backend of a lock in use: the two backends' fencing tokens are
+    /// not comparable (re-create the lock under a new name instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Backend>,
+}
+
+/// The store a lock's claims live in.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Backend {
+    /// Keep the claims in etcd: each claim is a key under a lease its process keeps
+    /// alive, granted in creation order; the fencing token is the key's create
+    /// revision (strictly increasing, but not 1, 2, 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdBackend>,
+}
+
+/// Default `spec.backend.etcd.keyPrefix`.
+pub const DEFAULT_ETCD_KEY_PREFIX: &str = "/leasehold";
+
+/// An etcd cluster holding a lock's claims.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdBackend {
+    /// The etcd client URLs (`https://host:2379`, or `http://` without TLS), reached
+    /// by the pods that lock and by the controller.
+    #[schemars(length(min = 1))]
+    pub endpoints: Vec<String>,
+    /// The key prefix under which claims live, as
+    /// `<keyPrefix>/<namespace>/<lock>/<claim>`. Default `/leasehold`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_prefix: Option<String>,
+    /// A Secret in the lock's namespace with `ca.crt`, `tls.crt` and `tls.key` for
+    /// etcd's TLS. The controller reads it through the API; pods that lock mount it at
+    /// `/var/run/secrets/leasehold.dev/etcd` (or where `LEASEHOLD_ETCD_TLS_DIR` says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_secret_ref: Option<SecretRef>,
+}
+
+impl EtcdBackend {
+    /// The key prefix, default applied, without a trailing `/`.
+    pub fn prefix(&self) -> &str {
+        let p = self.key_prefix.as_deref().unwrap_or(DEFAULT_ETCD_KEY_PREFIX);
+        p.trim_end_matches('/')
+    }
+}
+
+/// A reference to a Secret in the same namespace.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct SecretRef {
+    /// The Secret's name.
+    pub name: String,
+}
+
+impl DistributedLockSpec {
+    /// The etcd backend, when the lock's claims live in etcd.
+    pub fn etcd(&self) -> Option<&EtcdBackend> {
+        self.backend.as_ref().and_then(|b| b.etcd.as_ref())
+    }
 }
 
 fn default_lease_duration_seconds() -> i32 {
@@ -87,6 +150,7 @@ impl Default for DistributedLockSpec {
         Self {
             lease_duration_seconds: DEFAULT_LEASE_DURATION_SECONDS,
             max_holders: DEFAULT_MAX_HOLDERS,
+            backend: None,
         }
     }
 }

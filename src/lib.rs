@@ -46,6 +46,8 @@ pub mod controller;
 #[cfg(feature = "controller")]
 pub mod crd;
 pub mod decide;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 #[cfg(feature = "client")]
 pub mod kubeconfig;
 pub mod protocol;

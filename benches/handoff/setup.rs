@@ -26,6 +26,7 @@ pub async fn namespace(client: &Client, name: &str, lease_seconds: i32) -> anyho
         DistributedLockSpec {
             lease_duration_seconds: lease_seconds,
             max_holders: 1,
+            backend: None,
         },
     );
     Api::<DistributedLock>::namespaced(client.clone(), name)

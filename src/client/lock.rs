@@ -184,6 +184,17 @@ impl Lock {
             .get_opt(&self.name)
             .await
             .map_err(|e| Error::GetLock(self.name.clone(), e))?;
+        if let Some(etcd) = spec.as_ref().and_then(|l| l.spec.etcd()) {
+            let (secs, max) = spec
+                .as_ref()
+                .map(|l| (l.spec.lease_duration_seconds, l.spec.max_holders))
+                .unwrap_or_default();
+            let acquired = self.acquire_etcd(etcd.clone(), secs, max, &mode).await?;
+            if let Some(held) = acquired.as_ref() {
+                *current = Some(held.held.clone());
+            }
+            return Ok(acquired);
+        }
         let exists = spec.is_some();
         if !exists && matches!(mode, Mode::Try) {
             return Err(Error::NoSuchLock(self.name.clone()));
@@ -221,6 +232,56 @@ impl Lock {
                 }
             }
         }
+    }
+
+    #[cfg(not(feature = "etcd"))]
+    async fn acquire_etcd(&self, _: crate::api::EtcdBackend, _: i32, _: i32, _: &Mode) -> Result<Option<Guard>, Error> {
+        Err(Error::EtcdUnsupported(self.name.clone()))
+    }
+
+    /// Acquire a lock whose claims live in etcd ([`crate::etcd`]).
+    #[cfg(feature = "etcd")]
+    async fn acquire_etcd(
+        &self,
+        backend: crate::api::EtcdBackend,
+        secs: i32,
+        max_holders: i32,
+        mode: &Mode,
+    ) -> Result<Option<Guard>, Error> {
+        use crate::etcd::claim::{Waited, create};
+        let (mut claim, session, renewal) = create(&backend, &self.name, &self.identity, secs, max_holders).await?;
+        // If this future is dropped from here on, the claim is withdrawn.
+        let mut withdraw = Withdraw(Some(session.clone()));
+        let (until, try_only) = match mode {
+            Mode::Wait => (None, false),
+            Mode::Try => (None, true),
+            Mode::Until(at, _) => (Some(*at), false),
+        };
+        let waited = claim.wait(&session, until, try_only).await;
+        withdraw.0 = None;
+        let outcome = match waited {
+            Ok(Waited::Granted(token)) => {
+                let held = Arc::new(Held {
+                    session,
+                    token,
+                    count: AtomicUsize::new(1),
+                    renewal: std::sync::Mutex::new(Some(renewal)),
+                });
+                claim.watch_revocation(held.session.clone());
+                return Ok(Some(Guard { held, released: false }));
+            }
+            Ok(Waited::WouldBlock) => Ok(None),
+            Ok(Waited::TimedOut) => Err(Error::Timeout(match mode {
+                Mode::Until(_, d) => *d,
+                _ => TRY_ACQUIRE_TIMEOUT,
+            })),
+            Ok(Waited::Lost) => Err(Error::ClaimLost(session.claim.clone())),
+            Err(e) => Err(Error::Etcd(e)),
+        };
+        if let Err(e) = session.end().await {
+            tracing::warn!(claim = session.claim, error = %e, "withdrawing the claim failed; it will expire");
+        }
+        outcome
     }
 
     async fn wait_grant(

@@ -34,7 +34,7 @@
 mod guard;
 mod lock;
 mod progress;
-mod session;
+pub(crate) mod session;
 mod watch;
 
 use std::time::Duration;
@@ -89,6 +89,15 @@ pub enum Error {
     /// Taking the lock at once ([`Lock::try_acquire`]) found no such DistributedLock.
     #[error("taking DistributedLock {0} at once: it does not exist")]
     NoSuchLock(String),
+    /// The lock's claims live in etcd, and this build has no etcd backend.
+    #[error(
+        "DistributedLock {0} keeps its claims in etcd (spec.backend.etcd), and this program was built without leasehold's `etcd` feature"
+    )]
+    EtcdUnsupported(String),
+    /// The etcd backend failed.
+    #[cfg(feature = "etcd")]
+    #[error(transparent)]
+    Etcd(#[from] crate::etcd::Error),
 }
 
 /// Where a waiting claim stands, for progress output.

@@ -47,14 +47,56 @@ pub enum LostReason {
 /// One claim, renewed by a background task until it ends or is lost.
 #[derive(Debug)]
 pub(crate) struct Session {
-    /// The claim Lease's name.
+    /// The claim's name.
     pub claim: String,
     /// The lease duration the claim lives by.
     pub lease: Duration,
-    /// The secret whose hash the claim carries: revealing it releases the claim.
-    secret: Secret,
-    leases: Api<Lease>,
+    /// How the claim is given up.
+    release: Release,
     state: watch::Sender<State>,
+}
+
+/// How a claim is given up, by backend.
+#[derive(Debug)]
+pub(crate) enum Release {
+    /// Write the release mark on the claim Lease: the secret whose hash the claim
+    /// carries proves the mark is the owner's.
+    Kube { leases: Api<Lease>, secret: Secret },
+    /// Revoke the claim's etcd lease.
+    #[cfg(feature = "etcd")]
+    Etcd(crate::etcd::claim::EtcdRelease),
+}
+
+/// The outcome of one renewal attempt.
+pub(crate) enum Renewal {
+    /// The claim stands, renewed as of when the attempt was sent.
+    Renewed,
+    /// The claim is gone, or no longer this process's.
+    Gone,
+    /// The attempt failed; retry.
+    Failed(String),
+}
+
+/// One backend's way to renew a claim.
+pub(crate) trait Renewer: Send + 'static {
+    /// Renew once. The caller bounds it by the renewal timeout.
+    fn renew(&mut self) -> impl std::future::Future<Output = Renewal> + Send;
+}
+
+struct KubeRenewer {
+    leases: Api<Lease>,
+    name: String,
+}
+
+impl Renewer for KubeRenewer {
+    async fn renew(&mut self) -> Renewal {
+        let patch = Patch::Merge(claim::renew_patch());
+        match self.leases.patch(&self.name, &PatchParams::default(), &patch).await {
+            Ok(_) => Renewal::Renewed,
+            Err(kube::Error::Api(s)) if s.is_not_found() => Renewal::Gone,
+            Err(e) => Renewal::Failed(e.to_string()),
+        }
+    }
 }
 
 // === impl Session ===
@@ -77,16 +119,36 @@ impl Session {
             .create(&PostParams::default(), &obj)
             .await
             .map_err(Error::CreateClaim)?;
+        let renewer = KubeRenewer {
+            leases: leases.clone(),
+            name: name.clone(),
+        };
+        Ok(Session::start(
+            name,
+            lease,
+            Release::Kube { leases, secret },
+            sent,
+            renewer,
+        ))
+    }
+
+    /// A session for a claim created when `sent` was sent, renewed by `renewer`.
+    pub fn start(
+        claim: String,
+        lease: Duration,
+        release: Release,
+        sent: Instant,
+        renewer: impl Renewer,
+    ) -> (Arc<Session>, JoinHandle<()>) {
         let (state, _) = watch::channel(State::Live);
         let session = Arc::new(Session {
-            claim: name,
+            claim,
             lease,
-            secret,
-            leases,
+            release,
             state,
         });
-        let task = tokio::spawn(renew(session.clone(), sent));
-        Ok((session, task))
+        let task = tokio::spawn(renew(session.clone(), sent, renewer));
+        (session, task)
     }
 
     /// The session's state, to read or to wait on.
@@ -137,7 +199,14 @@ impl Session {
     /// Write the release mark (bounded by the renewal timeout).
     pub async fn release_mark(&self) -> Result<(), Error> {
         let limit = renew_timeout(self.lease);
-        tokio::time::timeout(limit, mark_released(&self.leases, &self.claim, &self.secret))
+        let released = async {
+            match &self.release {
+                Release::Kube { leases, secret } => mark_released(leases, &self.claim, secret).await,
+                #[cfg(feature = "etcd")]
+                Release::Etcd(r) => r.release().await.map_err(Error::from),
+            }
+        };
+        tokio::time::timeout(limit, released)
             .await
             .map_err(|_| Error::ReleaseTimeout(limit))?
     }
@@ -157,7 +226,7 @@ async fn mark_released(leases: &Api<Lease>, name: &str, secret: &Secret) -> Resu
 /// claim is gone or when renewals have failed until the safety deadline. The deadline
 /// fires on time whatever request is in flight: a black-holed connection, where a
 /// request hangs until its timeout, must not delay it.
-async fn renew(session: Arc<Session>, created_sent: Instant) {
+async fn renew(session: Arc<Session>, created_sent: Instant, mut renewer: impl Renewer) {
     let (name, lease) = (session.claim.as_str(), session.lease);
     let mut state = session.state();
     let mut deadline = client_stop_by(created_sent, lease);
@@ -170,28 +239,26 @@ async fn renew(session: Arc<Session>, created_sent: Instant) {
             _ = tokio::time::sleep_until(next) => {}
         }
         let sent = Instant::now();
-        let patch = Patch::Merge(claim::renew_patch());
-        let params = PatchParams::default();
-        let request = tokio::time::timeout(renew_timeout(lease), session.leases.patch(name, &params, &patch));
+        let request = tokio::time::timeout(renew_timeout(lease), renewer.renew());
         let outcome = tokio::select! {
             _ = state.wait_for(|s| *s != State::Live) => return,
             _ = tokio::time::sleep_until(deadline) => return give_up(&session),
             outcome = request => outcome,
         };
         match outcome {
-            Ok(Ok(_)) => {
+            Ok(Renewal::Renewed) => {
                 deadline = client_stop_by(sent, lease);
                 next = sent + renew_interval(lease);
                 backoff = Duration::from_millis(100);
             }
-            Ok(Err(kube::Error::Api(s))) if s.is_not_found() => {
+            Ok(Renewal::Gone) => {
                 tracing::warn!(claim = name, "claim is gone (forced release): giving up the grant");
                 session.lose(LostReason::ClaimGone);
                 return;
             }
             failed => {
                 let error = match failed {
-                    Ok(Err(e)) => e.to_string(),
+                    Ok(Renewal::Failed(e)) => e,
                     _ => "timed out".to_string(),
                 };
                 tracing::warn!(claim = name, error, "renewal failed; retrying");

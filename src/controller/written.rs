@@ -96,6 +96,7 @@ mod tests {
             DistributedLockSpec {
                 lease_duration_seconds: 15,
                 max_holders: 1,
+                backend: None,
             },
         );
         l.metadata.namespace = Some("ns".into());

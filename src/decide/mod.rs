@@ -39,9 +39,10 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 
-/// How a claim's pod stands.
+/// How a claim's pod stands: the one rule, shared by both backends, for when a claim's
+/// process has certainly stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Liveness {
+pub enum Liveness {
     /// The pod with the claim's UID exists and has not finished.
     Alive,
     /// Its processes have certainly stopped (finished, or gone/replaced after the
@@ -51,18 +52,24 @@ enum Liveness {
     Unknown(RevokeReason),
 }
 
-fn liveness(world: &World<'_>, pod: &str, uid: &str) -> Liveness {
-    let reason = match world.pods.get(pod) {
+/// How the pod `pod` with UID `uid` stands, given the pods observed in the lock's
+/// namespace and the UIDs whose containers the kubelet reported stopped.
+pub fn pod_liveness(pods: &BTreeMap<String, PodView>, stopped_pods: &StoppedPods, pod: &str, uid: &str) -> Liveness {
+    let reason = match pods.get(pod) {
         Some(p) if p.uid == uid && !p.finished => return Liveness::Alive,
         Some(p) if p.uid == uid => return Liveness::Stopped(RevokeReason::PodFinished),
         Some(_) => RevokeReason::PodReplaced,
         None => RevokeReason::PodGone,
     };
-    if world.stopped_pods.contains(uid) {
+    if stopped_pods.contains(uid) {
         Liveness::Stopped(reason)
     } else {
         Liveness::Unknown(reason)
     }
+}
+
+fn liveness(world: &World<'_>, pod: &str, uid: &str) -> Liveness {
+    pod_liveness(world.pods, world.stopped_pods, pod, uid)
 }
 
 fn drop_reason(l: Liveness) -> Option<DropReason> {

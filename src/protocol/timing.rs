@@ -65,6 +65,23 @@ pub fn hold_back_ends<T: Add<Duration, Output = T>>(revoked_seen: T, lease: Dura
     revoked_seen + lease + EXPIRY_GRACE
 }
 
+/// etcd backend, client side: the TTL, in whole seconds, of the etcd lease a claim key
+/// lives on: the lease duration plus [`EXPIRY_GRACE`] (for clock-rate drift between
+/// the client and etcd, as on the controller's side), rounded up. etcd may raise a TTL
+/// (to its minimum) but never lowers it, and counts it from when it *received* the
+/// grant or keep-alive.
+pub fn etcd_claim_ttl(lease: Duration) -> i64 {
+    (lease + EXPIRY_GRACE).as_millis().div_ceil(1000) as i64
+}
+
+/// etcd backend, controller side: the TTL, in whole seconds, of the controller's lease
+/// that a claim key is moved onto when its pod is gone but may still run: the longer
+/// of the lock's and the claim's lease plus [`EXPIRY_GRACE`], rounded up, counted from
+/// the move. The key keeps its place (its create revision) until then.
+pub fn etcd_hold_back_ttl(spec_lease: Duration, claim_lease: Duration) -> i64 {
+    (spec_lease.max(claim_lease) + EXPIRY_GRACE).as_millis().div_ceil(1000) as i64
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -105,7 +122,54 @@ mod tests {
         assert_eq!(renew_timeout(Duration::from_secs(15)), Duration::from_secs(5));
     }
 
+    /// The etcd backend's inequalities for one case. A client's renewal is a check that
+    /// its key is on its lease, *sent* at 0 (and received by etcd `received_after`
+    /// later), then a keep-alive received no earlier. Its command is dead (a) before
+    /// etcd can expire the lease (TTL counted from the keep-alive's receipt), and (b)
+    /// before a controller move made after the check was received, `moved_after`,
+    /// can let the moved key expire.
+    fn etcd_handoff_is_fenced(
+        lease: Duration,
+        spec: Duration,
+        received_after: Duration,
+        moved_after: Duration,
+    ) -> bool {
+        let dead = command_dead_by(Duration::ZERO, lease);
+        let ttl = |secs: i64| Duration::from_secs(secs as u64);
+        let lease_expires = received_after + ttl(etcd_claim_ttl(lease));
+        let moved_key_expires = received_after + moved_after + ttl(etcd_hold_back_ttl(spec, lease));
+        dead < lease_expires && dead < moved_key_expires
+    }
+
+    #[test]
+    fn every_allowed_lease_stops_an_etcd_client_before_its_key_can_go() {
+        for secs in LEASES {
+            let lease = Duration::from_secs(secs);
+            assert!(
+                etcd_handoff_is_fenced(lease, lease, Duration::ZERO, Duration::ZERO),
+                "lease {secs}s"
+            );
+        }
+        // Sub-second precision never rounds a TTL below the lease.
+        assert_eq!(etcd_claim_ttl(Duration::from_millis(1500)), 4);
+        assert_eq!(
+            etcd_hold_back_ttl(Duration::from_secs(1), Duration::from_millis(2500)),
+            5
+        );
+    }
+
     proptest! {
+        #[test]
+        fn etcd_fenced_for_any_lease_spec_and_delay(
+            lease_ms in 1_000u64..=3_600_000,
+            spec_ms in 1_000u64..=3_600_000,
+            received_after_ms in 0u64..=60_000,
+            moved_after_ms in 0u64..=60_000,
+        ) {
+            let ms = Duration::from_millis;
+            prop_assert!(etcd_handoff_is_fenced(ms(lease_ms), ms(spec_ms), ms(received_after_ms), ms(moved_after_ms)));
+        }
+
         #[test]
         fn fenced_for_any_lease_spec_and_delivery_delay(
             lease_ms in 1_000u64..=3_600_000,

@@ -46,6 +46,7 @@ async fn out_of_range_spec_is_rejected_by_the_api_server() {
         let spec = DistributedLockSpec {
             lease_duration_seconds: lease,
             max_holders: max,
+            backend: None,
         };
         let err = ns
             .locks()

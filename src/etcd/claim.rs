@@ -1,0 +1,317 @@
+//! The client's side of the etcd backend: create the claim key under a lease of its
+//! own, renew (check the key is still on that lease, then keep the lease alive), wait
+//! for the keys ahead to go, and give the claim up by revoking the lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions, WatchStream,
+};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::Error;
+use super::keys::{ClaimValue, claim_key, lock_prefix};
+use super::rules::{WakeOn, holds, wake_on};
+use crate::api::EtcdBackend;
+use crate::client::session::{Release, Renewal, Renewer, Session};
+use crate::client::{LostReason, State};
+use crate::protocol::PodIdentity;
+use crate::protocol::claim::claim_name;
+use crate::protocol::timing::{etcd_claim_ttl, renew_timeout};
+
+/// Pause before re-opening a broken watch on the claim's own key.
+const REWATCH_DELAY: Duration = Duration::from_millis(200);
+
+/// What waiting ended with.
+pub(crate) enum Waited {
+    /// The claim holds, with this fencing token.
+    Granted(i64),
+    /// Keys are ahead and the caller would not wait.
+    WouldBlock,
+    /// The deadline passed.
+    TimedOut,
+    /// The claim key was moved or deleted by someone else.
+    Lost,
+}
+
+/// A created claim, waiting or holding.
+pub(crate) struct Claim {
+    client: Client,
+    prefix: String,
+    key: String,
+    lease_id: i64,
+    revision: i64,
+    max_holders: i32,
+}
+
+/// Gives an etcd claim up: revoking its lease deletes the key only while it is still
+/// on that lease, so a late release never deletes a key the controller took over.
+pub(crate) struct EtcdRelease {
+    client: Client,
+    key: String,
+    lease_id: i64,
+}
+
+impl std::fmt::Debug for EtcdRelease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdRelease")
+            .field("key", &self.key)
+            .field("lease_id", &self.lease_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdRelease {
+    /// Revoke the claim's lease; a lease already gone counts as released.
+    pub async fn release(&self) -> Result<(), Error> {
+        match self.client.clone().lease_revoke(self.lease_id).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("lease not found") => Ok(()),
+            Err(e) => Err(Error::Release(self.key.clone(), e)),
+        }
+    }
+}
+
+struct EtcdRenewer {
+    client: Client,
+    key: String,
+    lease_id: i64,
+    keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+}
+
+impl Renewer for EtcdRenewer {
+    /// First a check that the key is still on this lease (sent first, so the renewal
+    /// counts from before any move by the controller), then a keep-alive.
+    async fn renew(&mut self) -> Renewal {
+        match self.client.txn(on_own_lease(&self.key, self.lease_id)).await {
+            Ok(r) if !r.succeeded() => return Renewal::Gone,
+            Ok(_) => {}
+            Err(e) => return Renewal::Failed(e.to_string()),
+        }
+        if self.keeper.is_none() {
+            match self.client.lease_keep_alive(self.lease_id).await {
+                Ok(k) => self.keeper = Some(k),
+                Err(e) => return Renewal::Failed(e.to_string()),
+            }
+        }
+        let (keeper, stream) = self.keeper.as_mut().expect("set above");
+        let answer = match keeper.keep_alive().await {
+            Ok(()) => stream.message().await,
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok(Some(r)) if r.ttl() > 0 => Renewal::Renewed,
+            Ok(Some(_)) => Renewal::Gone,
+            Ok(None) => {
+                self.keeper = None;
+                Renewal::Failed("the keep-alive stream ended".into())
+            }
+            Err(e) => {
+                self.keeper = None;
+                Renewal::Failed(e.to_string())
+            }
+        }
+    }
+}
+
+fn on_own_lease(key: &str, lease_id: i64) -> Txn {
+    Txn::new().when([Compare::lease(key, CompareOp::Equal, lease_id)])
+}
+
+/// Create a claim key for lock `name` (in the identity's namespace) and start its
+/// session. The key lives on a fresh lease of [`etcd_claim_ttl`].
+pub(crate) async fn create(
+    backend: &EtcdBackend,
+    name: &str,
+    identity: &PodIdentity,
+    lease_secs: i32,
+    max_holders: i32,
+) -> Result<(Claim, Arc<Session>, JoinHandle<()>), Error> {
+    let lease = Duration::from_secs(lease_secs.max(1) as u64);
+    let mut client = super::connect(backend, renew_timeout(lease)).await?;
+    let ns = &identity.namespace;
+    let claim = claim_name(name);
+    let key = claim_key(backend, ns, name, &claim);
+    // The first deadline counts from when the grant was sent.
+    let sent = Instant::now();
+    let lease_id = client
+        .lease_grant(etcd_claim_ttl(lease), None)
+        .await
+        .map_err(Error::Grant)?
+        .id();
+    let value = ClaimValue::new(identity, lease_secs).to_bytes();
+    let put = TxnOp::put(key.as_str(), value, Some(PutOptions::new().with_lease(lease_id)));
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+        .and_then([put]);
+    let created = client.txn(txn).await.map_err(|e| Error::Create(key.clone(), e))?;
+    let revision = created.header().map_or(0, |h| h.revision());
+    if !created.succeeded() || revision == 0 {
+        let _ = client.lease_revoke(lease_id).await;
+        let taken = etcd_client::Error::InvalidArgs("a key of that name exists".into());
+        return Err(Error::Create(key, taken));
+    }
+    let release = EtcdRelease {
+        client: client.clone(),
+        key: key.clone(),
+        lease_id,
+    };
+    let renewer = EtcdRenewer {
+        client: client.clone(),
+        key: key.clone(),
+        lease_id,
+        keeper: None,
+    };
+    let (session, task) = Session::start(claim, lease, Release::Etcd(release), sent, renewer);
+    let prefix = lock_prefix(backend, ns, name);
+    let claim = Claim {
+        client,
+        prefix,
+        key,
+        lease_id,
+        revision,
+        max_holders,
+    };
+    Ok((claim, session, task))
+}
+
+// === impl Claim ===
+
+impl Claim {
+    /// Wait until the claim holds (`until` bounds it; `try_only` returns at once when
+    /// keys are ahead). Woken by a watch, never by polling.
+    pub async fn wait(&mut self, session: &Session, until: Option<Instant>, try_only: bool) -> Result<Waited, Error> {
+        loop {
+            let ahead = GetOptions::new()
+                .with_prefix()
+                .with_max_create_revision(self.revision - 1)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(1);
+            let check =
+                on_own_lease(&self.key, self.lease_id).and_then([TxnOp::get(self.prefix.as_str(), Some(ahead))]);
+            let r = self
+                .client
+                .txn(check)
+                .await
+                .map_err(|e| Error::Read(self.prefix.clone(), e))?;
+            if !r.succeeded() {
+                return Ok(Waited::Lost);
+            }
+            let at = r.header().map_or(0, |h| h.revision());
+            let Some(TxnOpResponse::Get(got)) = r.op_responses().into_iter().next() else {
+                return Ok(Waited::Lost);
+            };
+            if holds(got.count(), self.max_holders) {
+                return Ok(Waited::Granted(self.revision));
+            }
+            if try_only {
+                return Ok(Waited::WouldBlock);
+            }
+            let (target, options) = match wake_on(self.max_holders) {
+                WakeOn::KeyAhead => (got.kvs()[0].key().to_vec(), WatchOptions::new()),
+                WakeOn::AnyDeletion => (self.prefix.clone().into_bytes(), WatchOptions::new().with_prefix()),
+            };
+            let options = options
+                .with_start_revision(at + 1)
+                .with_filters([WatchFilterType::NoPut]);
+            let what = String::from_utf8_lossy(&target).into_owned();
+            let mut ahead = self
+                .client
+                .watch(target, Some(options))
+                .await
+                .map_err(|e| Error::Watch(what.clone(), e))?;
+            let mut mine = self.watch_own(at + 1).await?;
+            let deadline = async {
+                match until {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                woke = deletion(&mut ahead) => woke.map_err(|e| Error::Watch(what, e))?,
+                _ = changed(&mut mine) => return Ok(Waited::Lost),
+                _ = session.lost() => return Ok(Waited::Lost),
+                _ = deadline => return Ok(Waited::TimedOut),
+            }
+        }
+    }
+
+    async fn watch_own(&mut self, from: i64) -> Result<WatchStream, Error> {
+        let options = WatchOptions::new().with_start_revision(from);
+        self.client
+            .watch(self.key.as_str(), Some(options))
+            .await
+            .map_err(|e| Error::Watch(self.key.clone(), e))
+    }
+
+    /// After a grant: report the session lost as soon as the claim key is moved (held
+    /// back by the controller) or deleted. A broken watch is opened again from the
+    /// last revision it showed; meanwhile the renewals' check stands guard.
+    pub fn watch_revocation(mut self, session: Arc<Session>) {
+        tokio::spawn(async move {
+            let mut state = session.state();
+            let from = self.revision + 1;
+            loop {
+                let watch = tokio::select! {
+                    _ = state.wait_for(|s| *s != State::Live) => return,
+                    w = self.watch_own(from) => w,
+                };
+                let Ok(mut stream) = watch else {
+                    tokio::time::sleep(REWATCH_DELAY).await;
+                    continue;
+                };
+                let seen = tokio::select! {
+                    _ = state.wait_for(|s| *s != State::Live) => return,
+                    seen = next_change(&mut stream) => seen,
+                };
+                match seen {
+                    Ok(Some((EventType::Delete, _))) => return lose(&session, LostReason::ClaimGone),
+                    Ok(Some((EventType::Put, _))) => return lose(&session, LostReason::Revoked),
+                    Ok(None) | Err(_) => tokio::time::sleep(REWATCH_DELAY).await,
+                }
+            }
+        });
+    }
+}
+
+fn lose(session: &Session, reason: LostReason) {
+    tracing::warn!(claim = session.claim, ?reason, "the claim key was taken away");
+    session.lose(reason);
+}
+
+/// The next change of a watched key: its kind and revision; `None` when the stream ended.
+async fn next_change(stream: &mut WatchStream) -> Result<Option<(EventType, i64)>, etcd_client::Error> {
+    loop {
+        let Some(r) = stream.message().await? else {
+            return Ok(None);
+        };
+        if r.canceled() {
+            return Ok(None);
+        }
+        if let Some(e) = r.events().first() {
+            return Ok(Some((e.event_type(), e.kv().map_or(0, |kv| kv.mod_revision()))));
+        }
+    }
+}
+
+/// Completes at the first deletion the stream shows (or when it ends: look again).
+async fn deletion(stream: &mut WatchStream) -> Result<(), etcd_client::Error> {
+    loop {
+        match next_change(stream).await? {
+            None | Some((EventType::Delete, _)) => return Ok(()),
+            Some(_) => {}
+        }
+    }
+}
+
+/// Completes at the first change of the claim's own key; pends if the watch breaks
+/// (the renewals' check then finds a change).
+async fn changed(stream: &mut WatchStream) {
+    match next_change(stream).await {
+        Ok(Some(_)) => {}
+        _ => std::future::pending().await,
+    }
+}

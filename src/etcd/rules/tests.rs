@@ -1,0 +1,415 @@
+//! The etcd rules: examples, then a model of etcd, pods and processes driven by random
+//! events, checking after each step that no more processes act as holders than
+//! `maxHolders` allows and that the controller never deletes a key whose process may run.
+
+use proptest::prelude::*;
+
+use super::*;
+
+const LOCK_LEASE: i32 = 10;
+
+fn spec(max_holders: i32) -> DistributedLockSpec {
+    DistributedLockSpec {
+        lease_duration_seconds: LOCK_LEASE,
+        max_holders,
+        backend: None,
+    }
+}
+
+fn key(claim: &str, rev: i64, pod: &str) -> KeyView {
+    KeyView {
+        key: format!("/leasehold/ns/l/{claim}"),
+        claim: claim.into(),
+        create_revision: rev,
+        mod_revision: rev,
+        lease: rev * 100,
+        value: Some(ClaimValue {
+            pod: pod.into(),
+            pod_uid: format!("uid-{pod}"),
+            lease_seconds: 5,
+            held_back: None,
+        }),
+    }
+}
+
+fn pods(names: &[&str]) -> BTreeMap<String, PodView> {
+    names
+        .iter()
+        .map(|p| {
+            let view = PodView {
+                uid: format!("uid-{p}"),
+                finished: false,
+            };
+            (p.to_string(), view)
+        })
+        .collect()
+}
+
+#[test]
+fn the_first_keys_by_create_revision_hold_with_their_revision_as_token() {
+    let keys = [key("c", 30, "c"), key("a", 10, "a"), key("b", 20, "b")];
+    let m = mirror(
+        &keys,
+        &spec(2),
+        &Default::default(),
+        &pods(&["a", "b", "c"]),
+        &Default::default(),
+        Timestamp::now(),
+    );
+    let holders: Vec<_> = m
+        .status
+        .holders
+        .iter()
+        .map(|h| (h.claim.as_str(), h.fencing_token))
+        .collect();
+    assert_eq!(holders, [("a", 10), ("b", 20)]);
+    assert_eq!(
+        m.status.queue.iter().map(|w| w.claim.as_str()).collect::<Vec<_>>(),
+        ["c"]
+    );
+    assert_eq!((m.status.queue_length, m.status.fencing_token), (1, 20));
+    assert!(m.actions.is_empty(), "all pods live: {:?}", m.actions);
+}
+
+#[test]
+fn the_token_high_water_mark_never_goes_back() {
+    let prev = DistributedLockStatus {
+        fencing_token: 99,
+        ..Default::default()
+    };
+    let m = mirror(
+        &[key("a", 10, "a")],
+        &spec(1),
+        &prev,
+        &pods(&["a"]),
+        &Default::default(),
+        Timestamp::now(),
+    );
+    assert_eq!(m.status.fencing_token, 99);
+}
+
+#[test]
+fn a_force_deleted_pod_s_key_is_held_back_in_place_and_a_stopped_one_deleted() {
+    let keys = [key("a", 10, "a"), key("b", 20, "b"), key("c", 30, "c")];
+    // a: force-deleted (no word from the kubelet); b: deleted after its containers stopped.
+    let stopped = ["uid-b".to_string()].into_iter().collect();
+    let m = mirror(
+        &keys,
+        &spec(1),
+        &Default::default(),
+        &pods(&["c"]),
+        &stopped,
+        Timestamp::now(),
+    );
+    let [
+        KeyAction::HoldBack {
+            claim,
+            ttl_seconds,
+            value,
+            client_lease,
+            ..
+        },
+        KeyAction::Delete {
+            claim: deleted, reason, ..
+        },
+    ] = m.actions.as_slice()
+    else {
+        panic!("expected a hold-back and a delete: {:?}", m.actions)
+    };
+    assert_eq!((claim.as_str(), *client_lease), ("a", 1000));
+    assert_eq!(value.held_back, Some(RevokeReason::PodGone));
+    assert!(
+        *ttl_seconds >= i64::from(LOCK_LEASE),
+        "held back for at least the lock's lease"
+    );
+    assert_eq!((deleted.as_str(), *reason), ("b", RevokeReason::PodGone));
+}
+
+#[test]
+fn a_held_back_key_shows_as_revoked_and_goes_at_once_when_its_pod_is_known_stopped() {
+    let mut a = key("a", 10, "a");
+    a.value.as_mut().unwrap().held_back = Some(RevokeReason::PodGone);
+    let m = mirror(
+        &[a.clone()],
+        &spec(1),
+        &Default::default(),
+        &pods(&[]),
+        &Default::default(),
+        Timestamp::now(),
+    );
+    assert!(m.actions.is_empty(), "it waits for its lease: {:?}", m.actions);
+    assert_eq!(
+        m.status.holders[0].revoked.as_ref().map(|r| r.reason),
+        Some(RevokeReason::PodGone)
+    );
+    let stopped = ["uid-a".to_string()].into_iter().collect();
+    let m = mirror(
+        &[a],
+        &spec(1),
+        &Default::default(),
+        &pods(&[]),
+        &stopped,
+        Timestamp::now(),
+    );
+    assert!(matches!(m.actions.as_slice(), [KeyAction::Delete { .. }]));
+}
+
+#[test]
+fn a_key_that_is_no_claim_is_reported_and_held_back_so_it_cannot_block_for_ever() {
+    let mut junk = key("junk", 5, "x");
+    junk.value = None;
+    let m = mirror(
+        &[junk],
+        &spec(1),
+        &Default::default(),
+        &pods(&[]),
+        &Default::default(),
+        Timestamp::now(),
+    );
+    assert_eq!(m.invalid, ["junk"]);
+    assert!(matches!(
+        m.actions.as_slice(),
+        [KeyAction::HoldBack {
+            reason: RevokeReason::ForceReleased,
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn a_mutex_waiter_watches_the_key_ahead_and_a_semaphore_waiter_every_deletion() {
+    assert!(holds(0, 1) && !holds(1, 1) && holds(2, 3) && !holds(3, 3));
+    assert_eq!(wake_on(1), WakeOn::KeyAhead);
+    assert_eq!(wake_on(3), WakeOn::AnyDeletion);
+}
+
+// === the model ===
+
+const PODS: usize = 3;
+
+#[derive(Clone, Debug)]
+enum Event {
+    /// A process in pod i creates a claim key.
+    Claim(usize),
+    /// Every running process re-reads its place (as a woken waiter does).
+    Check,
+    /// The process of the j-th claim releases: stops, and revokes its own lease.
+    Release(usize),
+    /// Pod i goes: `graceful`, its processes stopped first (and the kubelet said so);
+    /// else force-deleted, its processes run on.
+    PodGone { pod: usize, graceful: bool },
+    /// The process of the j-th claim notices its key moved or gone, and stops.
+    Notices(usize),
+    /// A held-back key's controller lease runs out. By then its process has stopped
+    /// (the timing rule proved in `protocol::timing`): the model stops it first.
+    HoldBackEnds(usize),
+    /// The controller mirrors and applies its actions.
+    Controller,
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        3 => (0..PODS).prop_map(Event::Claim),
+        4 => Just(Event::Check),
+        2 => any::<usize>().prop_map(Event::Release),
+        1 => (0..PODS, any::<bool>()).prop_map(|(pod, graceful)| Event::PodGone { pod, graceful }),
+        1 => any::<usize>().prop_map(Event::Notices),
+        1 => any::<usize>().prop_map(Event::HoldBackEnds),
+        3 => Just(Event::Controller),
+    ]
+}
+
+#[derive(Debug, Default)]
+struct Process {
+    claim: String,
+    uid: String,
+    running: bool,
+    holding: bool,
+}
+
+#[derive(Debug, Default)]
+struct Model {
+    revision: i64,
+    keys: Vec<KeyView>,
+    procs: Vec<Process>,
+    /// Pod i's current UID, or None while it is gone.
+    pods: [Option<String>; PODS],
+    stopped: StoppedPods,
+    incarnation: usize,
+}
+
+impl Model {
+    fn pod_views(&self) -> BTreeMap<String, PodView> {
+        let live = self.pods.iter().enumerate();
+        live.filter_map(|(i, uid)| {
+            let view = PodView {
+                uid: uid.clone()?,
+                finished: false,
+            };
+            Some((format!("p{i}"), view))
+        })
+        .collect()
+    }
+
+    fn key_of(&self, claim: &str) -> Option<&KeyView> {
+        self.keys.iter().find(|k| k.claim == claim)
+    }
+
+    fn step(&mut self, e: &Event, max_holders: i32) {
+        match *e {
+            Event::Claim(pod) => {
+                let uid = self.pods[pod]
+                    .get_or_insert_with(|| format!("u{pod}-{}", self.incarnation))
+                    .clone();
+                self.revision += 1;
+                let claim = format!("c{}", self.revision);
+                let mut k = key(&claim, self.revision, &format!("p{pod}"));
+                k.value.as_mut().unwrap().pod_uid = uid.clone();
+                self.keys.push(k);
+                self.procs.push(Process {
+                    claim,
+                    uid,
+                    running: true,
+                    holding: false,
+                });
+            }
+            Event::Check => {
+                for p in self.procs.iter_mut().filter(|p| p.running && !p.holding) {
+                    let Some(mine) = self.keys.iter().find(|k| k.claim == p.claim) else {
+                        continue;
+                    };
+                    if mine.value.as_ref().is_some_and(|v| v.held_back.is_some()) {
+                        continue; // not on its own lease any more: the check fails
+                    }
+                    let ahead = self
+                        .keys
+                        .iter()
+                        .filter(|k| k.create_revision < mine.create_revision)
+                        .count();
+                    p.holding = holds(ahead as i64, max_holders);
+                }
+            }
+            Event::Release(j) => {
+                let n = self.procs.len().max(1);
+                let Some(p) = self.procs.get_mut(j % n) else { return };
+                if !p.running {
+                    return;
+                }
+                p.running = false;
+                let claim = p.claim.clone();
+                // Revoking its own lease deletes the key only while it is still on it.
+                self.keys
+                    .retain(|k| k.claim != claim || k.value.as_ref().is_some_and(|v| v.held_back.is_some()));
+            }
+            Event::PodGone { pod, graceful } => {
+                let Some(uid) = self.pods[pod].take() else { return };
+                self.incarnation += 1;
+                if graceful {
+                    for p in self.procs.iter_mut().filter(|p| p.uid == uid) {
+                        p.running = false; // its key stays until its lease ends or the controller acts
+                    }
+                    self.stopped.insert(uid);
+                }
+            }
+            Event::Notices(j) => {
+                let Some(p) = self.procs.get(j % self.procs.len().max(1)) else {
+                    return;
+                };
+                let gone = match self.key_of(&p.claim) {
+                    None => true,
+                    Some(k) => k.value.as_ref().is_some_and(|v| v.held_back.is_some()),
+                };
+                if gone {
+                    let n = self.procs.len();
+                    self.procs[j % n].running = false;
+                }
+            }
+            Event::HoldBackEnds(j) => {
+                let Some(k) = self.keys.get(j % self.keys.len().max(1)) else {
+                    return;
+                };
+                if k.value.as_ref().is_some_and(|v| v.held_back.is_some()) {
+                    let claim = k.claim.clone();
+                    for p in self.procs.iter_mut().filter(|p| p.claim == claim) {
+                        p.running = false;
+                    }
+                    self.keys.retain(|k| k.claim != claim);
+                }
+            }
+            Event::Controller => {
+                let m = mirror(
+                    &self.keys,
+                    &spec(max_holders),
+                    &Default::default(),
+                    &self.pod_views(),
+                    &self.stopped,
+                    Timestamp::now(),
+                );
+                for action in m.actions {
+                    self.apply(action);
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, action: KeyAction) {
+        match action {
+            KeyAction::Delete {
+                claim, mod_revision, ..
+            } => {
+                let may_run = self.procs.iter().any(|p| p.claim == claim && p.running);
+                assert!(!may_run, "deleted the key of {claim}, whose process may run");
+                self.keys.retain(|k| k.claim != claim || k.mod_revision != mod_revision);
+            }
+            KeyAction::HoldBack {
+                claim,
+                mod_revision,
+                value,
+                ..
+            } => {
+                self.revision += 1;
+                let rev = self.revision;
+                if let Some(k) = self
+                    .keys
+                    .iter_mut()
+                    .find(|k| k.claim == claim && k.mod_revision == mod_revision)
+                {
+                    k.value = Some(value);
+                    k.mod_revision = rev;
+                }
+            }
+        }
+    }
+
+    fn check_safety(&self, max_holders: i32) {
+        let acting = self.procs.iter().filter(|p| p.running && p.holding).count();
+        assert!(
+            acting <= max_holders as usize,
+            "{acting} processes act as holders, at most {max_holders} may: {self:#?}"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+    #[test]
+    fn never_more_acting_holders_than_slots_and_no_key_of_a_running_process_deleted(
+        max_holders in 1..3i32,
+        events in prop::collection::vec(event(), 1..60),
+    ) {
+        let mut m = Model::default();
+        for e in &events {
+            m.step(e, max_holders);
+            m.check_safety(max_holders);
+        }
+        // Liveness: once every process has stopped and the controller and the held-back
+        // leases have had their turn, no key is left to block the lock.
+        for p in m.procs.iter_mut() { p.running = false; }
+        for i in 0..PODS { m.step(&Event::PodGone { pod: i, graceful: false }, max_holders); }
+        m.step(&Event::Controller, max_holders);
+        while let Some(j) = m.keys.iter().position(|k| k.value.as_ref().is_some_and(|v| v.held_back.is_some())) {
+            m.step(&Event::HoldBackEnds(j), max_holders);
+        }
+        prop_assert!(m.keys.is_empty(), "keys left behind: {:?}", m.keys);
+    }
+}
