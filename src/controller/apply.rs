@@ -74,13 +74,46 @@ pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
                 tracing::warn!(claim, error = %e, "deleting a finished claim failed; will retry");
             }
         }
-        let reference = lock.object_ref(&());
-        for a in &actions {
-            if let Some(ev) = event_for(a, &ns)
-                && let Err(e) = ctx.recorder.publish(&ev, &reference).await
-            {
-                tracing::warn!(error = %e, "publishing an event failed");
-            }
+        publish_events(&ctx, &lock, &actions).await;
+    });
+}
+
+/// Publish the events of `actions` on `lock` (in a task of their own).
+pub fn publish_actions(ctx: &Arc<Context>, lock: &DistributedLock, actions: Vec<crate::decide::Action>) {
+    if actions.is_empty() {
+        return;
+    }
+    let (ctx, lock) = (ctx.clone(), lock.clone());
+    tokio::spawn(async move { publish_events(&ctx, &lock, &actions).await });
+}
+
+async fn publish_events(ctx: &Context, lock: &DistributedLock, actions: &[crate::decide::Action]) {
+    let ns = lock.namespace().unwrap_or_default();
+    let reference = lock.object_ref(&());
+    for a in actions {
+        if let Some(ev) = event_for(a, &ns)
+            && let Err(e) = ctx.recorder.publish(&ev, &reference).await
+        {
+            tracing::warn!(error = %e, "publishing an event failed");
+        }
+    }
+}
+
+/// Publish a Warning event on the lock itself (in a task of its own).
+pub fn warn_on_lock(ctx: &Arc<Context>, lock: &DistributedLock, reason: &'static str, note: String) {
+    tracing::warn!(lock = lock.name_any(), reason, note, "lock warning");
+    let ctx = ctx.clone();
+    let reference = lock.object_ref(&());
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    tokio::spawn(async move {
+        if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
+            tracing::warn!(error = %e, "publishing a warning event failed");
         }
     });
 }

@@ -28,6 +28,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// This controller's status writes its lock watch has not shown yet.
     pub written: Written,
+    /// The mirrors of etcd-backed locks.
+    pub mirrors: Arc<super::etcd::Mirrors>,
     /// Becomes true once the lock, claim and pod caches have synced.
     pub synced: tokio::sync::watch::Receiver<bool>,
 }

@@ -8,6 +8,7 @@
 
 mod apply;
 pub mod context;
+pub mod etcd;
 mod http;
 pub mod metrics;
 pub mod observe;

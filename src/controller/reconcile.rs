@@ -45,6 +45,9 @@ pub enum Error {
     /// Conflicts kept happening.
     #[error("DistributedLock {0}: {MAX_CONFLICT_RETRIES} write conflicts in a row")]
     Conflicts(String),
+    /// Revoking a claim key in etcd failed.
+    #[error(transparent)]
+    Etcd(crate::etcd::Error),
 }
 
 impl Error {
@@ -56,6 +59,7 @@ impl Error {
             Error::ConfirmExpiry(..) => "confirm_expiry",
             Error::ClaimGoneUnseen(..) => "claim_gone_unseen",
             Error::Conflicts(..) => "conflicts",
+            Error::Etcd(e) => e.category(),
         }
     }
 }
@@ -65,6 +69,12 @@ impl Error {
 pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let started = Instant::now();
     let _ = ctx.synced.clone().wait_for(|synced| *synced).await;
+    if let Some(backend) = lock.spec.etcd() {
+        let backend = backend.clone();
+        return super::etcd::reconcile(lock, ctx, backend).await;
+    }
+    ctx.mirrors
+        .forget(&kube::runtime::reflector::ObjectRef::from_obj(lock.as_ref()));
     let ns = lock.namespace().unwrap_or_default();
     let name = lock.name_any();
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &ns);
@@ -77,7 +87,12 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         publish_warnings(&ctx, &plan.warnings);
         let old = current.status.clone().unwrap_or_default();
         let mut next = current.clone();
-        next.status = Some(with_conditions(&current, plan.decision.status.clone(), plan.rejected));
+        let trouble = (plan.rejected > 0).then(|| Trouble::rejected(plan.rejected));
+        next.status = Some(with_conditions(
+            &current,
+            plan.decision.status.clone(),
+            trouble.as_ref(),
+        ));
         if next.status.as_ref() != Some(&old) {
             match api.replace_status(&name, &PostParams::default(), &next).await {
                 Ok(written) => ctx.written.record(current.metadata.resource_version.clone(), written),
@@ -143,13 +158,44 @@ pub fn error_policy(_lock: Arc<DistributedLock>, err: &Error, ctx: Arc<Context>)
     Requeue::requeue(ERROR_REQUEUE)
 }
 
+/// Why a lock is not Ready (besides a name too long for claims).
+pub struct Trouble {
+    /// The condition's reason.
+    pub reason: &'static str,
+    /// The condition's message.
+    pub message: String,
+}
+
+impl Trouble {
+    /// `count` claims were rejected (each has a Warning event).
+    pub fn rejected(count: usize) -> Self {
+        Trouble {
+            reason: "ClaimsRejected",
+            message: format!(
+                "{count} claim(s) rejected (malformed, misplaced or with a forged release): see the \
+                 Warning events of the lock's Leases (kubectl get events --field-selector type=Warning)"
+            ),
+        }
+    }
+
+    /// The lock's etcd cannot be reached or read.
+    pub fn etcd(why: &str) -> Self {
+        Trouble {
+            reason: "EtcdUnavailable",
+            message: format!(
+                "the lock's etcd (spec.backend.etcd) cannot be reached: {why}; holders stop by their \
+                 lease, and the status shows the last keys seen"
+            ),
+        }
+    }
+}
+
 /// Set observedGeneration and the Ready condition: True while the lock is reconciled,
-/// False (with the reason) when claims cannot name it or `rejected` of them were
-/// rejected (each has a Warning event).
-fn with_conditions(
+/// False (with the reason) when claims cannot name it or `trouble` says why.
+pub fn with_conditions(
     lock: &DistributedLock,
     mut status: DistributedLockStatus,
-    rejected: usize,
+    trouble: Option<&Trouble>,
 ) -> DistributedLockStatus {
     let generation = lock.metadata.generation;
     status.observed_generation = generation;
@@ -162,12 +208,8 @@ fn with_conditions(
             crate::protocol::MAX_LOCK_NAME
         );
         ("False", "NameTooLong", message)
-    } else if rejected > 0 {
-        let message = format!(
-            "{rejected} claim(s) rejected (malformed, misplaced or with a forged release): see the \
-             Warning events of the lock's Leases (kubectl get events --field-selector type=Warning)"
-        );
-        ("False", "ClaimsRejected", message)
+    } else if let Some(t) = trouble {
+        ("False", t.reason, t.message.clone())
     } else {
         let message = format!(
             "{} of {} slots held, {} waiting",

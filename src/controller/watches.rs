@@ -33,11 +33,19 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
     let (pod_store, pod_writer) = reflector::store::<Pod>();
     let (lock_store, lock_writer) = reflector::store::<DistributedLock>();
     let m = metrics.clone();
-    // A deleted lock is never reconciled: its metric series go as the watch shows it.
-    // (As in `Controller::new`, the controller's trigger backoff paces this watch.)
+    let (etcd_trigger, etcd_triggers) = tokio::sync::mpsc::unbounded_channel();
+    let mirrors = Arc::new(super::etcd::Mirrors::new(client.clone(), etcd_trigger));
+    let mirrored = mirrors.clone();
+    // A deleted lock is never reconciled: its metric series and etcd mirror go as the
+    // watch shows it. (As in `Controller::new`, the trigger backoff paces this watch.)
     let locks = watcher(opts.api::<DistributedLock>(&client), watcher::Config::default())
         .reflect(lock_writer)
-        .inspect_ok(move |ev| m.follow_locks(ev))
+        .inspect_ok(move |ev| {
+            m.follow_locks(ev);
+            if let watcher::Event::Delete(lock) = ev {
+                mirrored.forget(&ObjectRef::from_obj(lock));
+            }
+        })
         .applied_objects();
     let controller = Controller::for_stream(locks, lock_store.clone());
 
@@ -81,6 +89,7 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         recorder,
         metrics: metrics.clone(),
         written: Default::default(),
+        mirrors,
         synced: synced_rx,
     });
     let (ls, lc, ctx2, ctx3) = (lock_store.clone(), lease_store.clone(), ctx.clone(), ctx.clone());
@@ -111,6 +120,9 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
     controller
         .watches_stream(leases, lease_lock)
         .watches_stream(pods, pod_locks)
+        .reconcile_on(futures::stream::unfold(etcd_triggers, |mut rx| async move {
+            rx.recv().await.map(|lock| (lock, rx))
+        }))
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
         .await;

@@ -144,7 +144,7 @@ pub enum ActionKind {
 }
 
 impl Action {
-    pub(super) fn new(claim: &str, pod: &str, kind: ActionKind) -> Self {
+    pub(crate) fn new(claim: &str, pod: &str, kind: ActionKind) -> Self {
         Action {
             claim: claim.to_string(),
             pod: pod.to_string(),

@@ -185,11 +185,14 @@ impl Claim {
     /// keys are ahead). Woken by a watch, never by polling.
     pub async fn wait(&mut self, session: &Session, until: Option<Instant>, try_only: bool) -> Result<Waited, Error> {
         loop {
+            // Up to maxHolders of the keys created before this one, the nearest first.
+            // (etcd counts a range before its revision filters: count the keys returned.)
             let ahead = GetOptions::new()
                 .with_prefix()
+                .with_keys_only()
                 .with_max_create_revision(self.revision - 1)
                 .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(1);
+                .with_limit(i64::from(self.max_holders.max(1)));
             let check =
                 on_own_lease(&self.key, self.lease_id).and_then([TxnOp::get(self.prefix.as_str(), Some(ahead))]);
             let r = self
@@ -204,7 +207,7 @@ impl Claim {
             let Some(TxnOpResponse::Get(got)) = r.op_responses().into_iter().next() else {
                 return Ok(Waited::Lost);
             };
-            if holds(got.count(), self.max_holders) {
+            if holds(got.kvs().len() as i64, self.max_holders) {
                 return Ok(Waited::Granted(self.revision));
             }
             if try_only {

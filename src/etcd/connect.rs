@@ -11,6 +11,9 @@ use crate::api::EtcdBackend;
 
 /// The environment variable naming the directory with the etcd TLS files in a pod.
 pub const TLS_DIR_ENV: &str = "LEASEHOLD_ETCD_TLS_DIR";
+/// The environment variable that, in a pod, replaces the lock's endpoints (comma
+/// separated): for pods that reach etcd by another address (a node-local proxy).
+pub const ENDPOINTS_ENV: &str = "LEASEHOLD_ETCD_ENDPOINTS";
 /// Where a pod mounts the lock's `tlsSecretRef` Secret by default.
 pub const DEFAULT_TLS_DIR: &str = "/var/run/secrets/leasehold.dev/etcd";
 /// How long connecting to an endpoint may take.
@@ -38,9 +41,14 @@ fn read(dir: &Path, name: &str) -> Result<Vec<u8>, Error> {
     std::fs::read(&path).map_err(|e| Error::TlsFile(path.display().to_string(), e))
 }
 
-/// Connect as a client in a pod: TLS files from [`tls_dir`] when the lock names a
-/// Secret; `request_timeout` bounds every request.
+/// Connect as a client in a pod: endpoints from [`ENDPOINTS_ENV`] if set, else the
+/// lock's; TLS files from [`tls_dir`] when the lock names a Secret; `request_timeout`
+/// bounds every request.
 pub async fn connect(backend: &EtcdBackend, request_timeout: Duration) -> Result<Client, Error> {
+    let mut backend = backend.clone();
+    if let Some(list) = std::env::var(ENDPOINTS_ENV).ok().filter(|v| !v.trim().is_empty()) {
+        backend.endpoints = list.split(',').map(|e| e.trim().to_string()).collect();
+    }
     let tls = match &backend.tls_secret_ref {
         None => None,
         Some(_) => {
@@ -52,7 +60,7 @@ pub async fn connect(backend: &EtcdBackend, request_timeout: Duration) -> Result
             })
         }
     };
-    connect_with(backend, tls.as_ref(), request_timeout).await
+    connect_with(&backend, tls.as_ref(), request_timeout).await
 }
 
 /// Connect with the given TLS material (or none). HTTP/2 pings every

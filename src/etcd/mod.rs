@@ -36,11 +36,11 @@
 //! [`timing::etcd_hold_back_ttl`]: crate::protocol::timing::etcd_hold_back_ttl
 
 pub(crate) mod claim;
-mod connect;
+pub mod connect;
 pub mod keys;
 pub mod rules;
 
-pub use connect::{TLS_DIR_ENV, connect, connect_with, tls_dir};
+pub use connect::{ENDPOINTS_ENV, TLS_DIR_ENV, connect, connect_with, tls_dir};
 
 /// Errors of the etcd backend, each naming the action that failed.
 #[derive(Debug, thiserror::Error)]

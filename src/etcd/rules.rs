@@ -93,6 +93,8 @@ pub enum KeyAction {
         mod_revision: i64,
         /// The lease the key was on (revoked after the move, so the process learns).
         client_lease: i64,
+        /// The key's create revision: the claim's fencing token.
+        create_revision: i64,
         /// The TTL of the controller's lease.
         ttl_seconds: i64,
         /// The value written: the claim's, marked held back.
@@ -221,6 +223,7 @@ fn revocation(
         claim: k.claim.clone(),
         mod_revision: k.mod_revision,
         client_lease: k.lease,
+        create_revision: k.create_revision,
         ttl_seconds: etcd_hold_back_ttl(spec_lease, claim_lease),
         value: ClaimValue {
             held_back: Some(reason),

@@ -36,6 +36,19 @@ pub(crate) fn run(
     extra: &[&str],
     script: &str,
 ) -> Child {
+    run_with_env(kubeconfig, ns, pod, dir, extra, &[], script)
+}
+
+/// [`run`] with extra environment variables.
+pub(crate) fn run_with_env(
+    kubeconfig: &Path,
+    ns: &TestNs,
+    pod: &PodIdentity,
+    dir: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    script: &str,
+) -> Child {
     let stderr = std::fs::File::create(dir.join(format!("{}.stderr", pod.name))).unwrap();
     Command::new(LEASEHOLD)
         .arg("run")
@@ -49,6 +62,7 @@ pub(crate) fn run(
         .env("POD_UID", &pod.uid)
         .env("LOG", dir.join("log"))
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(stderr)
         .kill_on_drop(true)
@@ -68,12 +82,12 @@ pub(crate) async fn wait_log(dir: &Path, what: &str, pred: impl Fn(&[Vec<String>
     wait_for(what, DEADLINE, || async { pred(&log(dir)).then_some(()) }).await;
 }
 
-const SECTION: &str = r#"echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; sleep 0.3; echo end $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG"#;
+pub(crate) const SECTION: &str = r#"echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; sleep 0.3; echo end $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG"#;
 /// A holder that runs until SIGTERM, logging the signal.
-const UNTIL_TERM: &str = r#"trap 'echo term $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; exit 0' TERM; echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; while true; do sleep 0.1; done"#;
+pub(crate) const UNTIL_TERM: &str = r#"trap 'echo term $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; exit 0' TERM; echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; while true; do sleep 0.1; done"#;
 
 /// A holder whose CMD is a shell that leaves a ticking grandchild behind when it dies.
-const FORKING: &str = r#"echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; sh -c 'while :; do echo tick >> $LOG; sleep 0.1; done' & wait"#;
+pub(crate) const FORKING: &str = r#"echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; sh -c 'while :; do echo tick >> $LOG; sleep 0.1; done' & wait"#;
 /// A holder whose CMD ignores SIGTERM (and so do its children): only SIGKILL stops it.
 const STUBBORN: &str = r#"trap '' TERM; echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME $$ >> $LOG; while :; do echo tick >> $LOG; sleep 0.1; done"#;
 /// A one-second section, long enough for a leftover ticker to show up inside it.

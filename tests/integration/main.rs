@@ -8,6 +8,7 @@ mod cli;
 mod client;
 mod controller;
 mod corpus;
+mod etcd;
 mod examples;
 mod ha;
 mod harness;

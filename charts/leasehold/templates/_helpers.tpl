@@ -63,4 +63,10 @@ policy/v1beta1
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.etcdBackend.readTlsSecrets }}
+# The etcd backend: read a lock's spec.backend.etcd.tlsSecretRef to reach its etcd.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
 {{- end -}}

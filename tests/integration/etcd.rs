@@ -1,0 +1,431 @@
+//! The etcd backend against a real etcd of its own (not the control plane's), with
+//! the controller in this process mirroring the keys into the real API server, and
+//! `leasehold run` unchanged.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child as StdChild, Command as StdCommand, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use etcd_client::GetOptions;
+use leasehold::api::{Backend, DistributedLock, DistributedLockSpec, EtcdBackend, RevokeReason};
+use leasehold::client::Lock;
+use leasehold::dev::proxy::Proxy;
+
+use crate::client::{SECTION, UNTIL_TERM, log, run, run_with_env, scratch, wait_log};
+use crate::support::*;
+
+/// An etcd of the tests' own, killed with the test process (it runs under
+/// `leasehold guard`), its data on tmpfs.
+struct Etcd {
+    child: Mutex<Option<StdChild>>,
+    data: PathBuf,
+    port: u16,
+    peer: u16,
+}
+
+fn free_port() -> u16 {
+    let sock = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    sock.local_addr().unwrap().port()
+}
+
+impl Etcd {
+    fn new() -> Self {
+        let base = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        sweep(&base);
+        let data = base.join(format!(
+            "leasehold-test-etcd-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let etcd = Etcd {
+            child: Mutex::new(None),
+            data,
+            port: free_port(),
+            peer: free_port(),
+        };
+        etcd.spawn();
+        etcd
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&self) {
+        let bin = std::env::var_os("LEASEHOLD_K8S_BIN")
+            .map(|d| PathBuf::from(d).join("etcd"))
+            .filter(|p| p.exists())
+            .unwrap_or_else(|| PathBuf::from("etcd"));
+        let peer = format!("http://127.0.0.1:{}", self.peer);
+        let log = std::fs::File::create(format!("{}.log", self.data.display())).unwrap();
+        let child = StdCommand::new(LEASEHOLD)
+            .args(["guard", "--signal", "SIGKILL", "--"])
+            .arg(bin)
+            .arg("--data-dir")
+            .arg(&self.data)
+            .args(["--name", "t", "--log-level", "warn"])
+            .args([
+                "--listen-client-urls",
+                &self.url(),
+                "--advertise-client-urls",
+                &self.url(),
+            ])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("t={peer}")])
+            .env(leasehold::supervise::PARENT_ENV, std::process::id().to_string())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd under leasehold guard");
+        *self.child.lock().unwrap() = Some(child);
+    }
+
+    /// Wait until etcd answers.
+    async fn ready(&self) {
+        let url = self.url();
+        wait_for("etcd to answer", DEADLINE, || async {
+            let mut c = etcd_client::Client::connect([url.as_str()], None).await.ok()?;
+            c.status().await.ok().map(|_| ())
+        })
+        .await;
+    }
+
+    /// SIGKILL etcd (as a crash would) and wait until its port is closed.
+    async fn kill(&self) {
+        if let Some(mut c) = self.child.lock().unwrap().take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+        let port = self.port;
+        wait_for("etcd to be gone", DEADLINE, || async {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err().then_some(())
+        })
+        .await;
+    }
+}
+
+/// Remove the data of test etcds whose test process is gone (the shared one is never
+/// dropped: it dies with its process, and the next run sweeps its data).
+fn sweep(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("leasehold-test-etcd-")
+            .and_then(|r| r.split('-').next())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.lock().unwrap().take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+/// The etcd shared by this binary's etcd tests (each test uses its own key prefix).
+/// It is started from a thread that lives as long as the process: `leasehold guard`
+/// stops its child when the *thread* that started it ends.
+fn shared() -> &'static Etcd {
+    static SHARED: std::sync::OnceLock<Etcd> = std::sync::OnceLock::new();
+    SHARED.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            tx.send(Etcd::new()).unwrap();
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().unwrap()
+    })
+}
+
+fn etcd_spec(ns: &TestNs, url: &str, lease: i32, max_holders: i32) -> DistributedLockSpec {
+    DistributedLockSpec {
+        lease_duration_seconds: lease,
+        max_holders,
+        backend: Some(Backend {
+            etcd: Some(EtcdBackend {
+                endpoints: vec![url.into()],
+                key_prefix: Some(format!("/t/{}", ns.name)),
+                tls_secret_ref: None,
+            }),
+        }),
+    }
+}
+
+/// The claim keys left under the test's prefix.
+async fn keys_left(ns: &TestNs, url: &str) -> usize {
+    let mut c = etcd_client::Client::connect([url], None).await.unwrap();
+    let got = c
+        .get(format!("/t/{}/", ns.name), Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    got.kvs().len()
+}
+
+/// The (event, token, pod) lines of the log, ticks left out.
+fn sections(dir: &Path) -> Vec<(String, i64, String)> {
+    log(dir)
+        .into_iter()
+        .filter(|l| l.len() >= 3 && l[0] != "tick")
+        .map(|l| (l[0].clone(), l[1].parse().unwrap(), l[2].clone()))
+        .collect()
+}
+
+fn ready_reason(lock: &DistributedLock) -> Option<String> {
+    let s = lock.status.as_ref()?;
+    s.conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.reason.clone())
+}
+
+/// A section that lasts until `$GO` exists, so waiters can line up behind it.
+const UNTIL_GO: &str = r#"echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; while [ ! -e $GO ]; do sleep 0.05; done; sleep 0.2; echo end $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG"#;
+
+#[tokio::test]
+async fn leasehold_run_on_etcd_grants_fifo_one_at_a_time_with_growing_tokens_and_status_mirrors_it() {
+    let etcd = shared();
+    etcd.ready().await;
+    let ns = TestNs::new("etcdfifo").await;
+    let _c = spawn_controller(&ns, "etcdfifo");
+    ns.lock("l", etcd_spec(&ns, &etcd.url(), 5, 1)).await;
+    let dir = scratch("etcdfifo");
+    let go = dir.join("go");
+    let env = [("GO", go.to_str().unwrap())];
+    let mut runs = Vec::new();
+    for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+        let pod = ns.pod(name).await;
+        runs.push(run_with_env(kubeconfig(), &ns, &pod, &dir, &[], &env, UNTIL_GO));
+        if i == 0 {
+            wait_log(&dir, "a starts", |l| l.iter().any(|l| l[0] == "start")).await;
+        } else {
+            let want: Vec<String> = ["b", "c"][..i].iter().map(|s| s.to_string()).collect();
+            ns.wait_lock("l", "the queue mirrored in order", |l| queue(l) == want)
+                .await;
+        }
+    }
+    let lock = ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    let a_token = sections(&dir)[0].1;
+    assert_eq!(
+        lock.status.as_ref().unwrap().holders[0].fencing_token,
+        a_token,
+        "status shows a's token"
+    );
+    assert_eq!(ready_reason(&lock).as_deref(), Some("Reconciled"));
+    std::fs::write(&go, "").unwrap();
+    for mut r in runs {
+        let status = tokio::time::timeout(DEADLINE, r.wait())
+            .await
+            .expect("run ends")
+            .unwrap();
+        assert!(status.success(), "leasehold run exits with CMD's status: {status:?}");
+    }
+    let s = sections(&dir);
+    let order: Vec<(&str, &str)> = s.iter().map(|(e, _, p)| (e.as_str(), p.as_str())).collect();
+    let fifo = [
+        ("start", "a"),
+        ("end", "a"),
+        ("start", "b"),
+        ("end", "b"),
+        ("start", "c"),
+        ("end", "c"),
+    ];
+    assert_eq!(order, fifo, "one holder at a time, in arrival order");
+    let tokens: Vec<i64> = s.iter().step_by(2).map(|(_, t, _)| *t).collect();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens strictly increase: {tokens:?}"
+    );
+    let done = ns
+        .wait_lock("l", "the status to show the lock free", |l| holders(l).is_empty())
+        .await;
+    assert_eq!(done.status.unwrap().fencing_token, tokens[2], "the last token issued");
+    assert_eq!(keys_left(&ns, &etcd.url()).await, 0, "every release deleted its key");
+}
+
+#[tokio::test]
+async fn sigkilled_run_hands_over_when_its_etcd_lease_ends_and_its_cmd_is_dead_first() {
+    let etcd = shared();
+    etcd.ready().await;
+    let ns = TestNs::new("etcdkill").await;
+    let _c = spawn_controller(&ns, "etcdkill");
+    ns.lock("l", etcd_spec(&ns, &etcd.url(), 2, 1)).await;
+    let dir = scratch("etcdkill");
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let ticking =
+        r#"echo start $LEASEHOLD_FENCING_TOKEN $POD_NAME >> $LOG; while :; do echo tick 0 a >> $LOG; sleep 0.1; done"#;
+    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], ticking);
+    wait_log(&dir, "a ticks", |l| l.iter().any(|l| l[0] == "tick")).await;
+    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], SECTION);
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    run_a.kill().await.unwrap(); // SIGKILL: no release is written
+    let killed = Instant::now();
+    let status = tokio::time::timeout(DEADLINE, run_b.wait())
+        .await
+        .expect("b runs after a's lease")
+        .unwrap();
+    assert!(status.success());
+    let took = killed.elapsed();
+    let lines = log(&dir);
+    let b_start = lines
+        .iter()
+        .position(|l| l[0] == "start" && l[2] == "b")
+        .expect("b started");
+    assert_eq!(
+        lines[b_start..].iter().filter(|l| l[0] == "tick").count(),
+        0,
+        "a's CMD ran on after b started"
+    );
+    // Handed over by the lease's expiry (TTL = lease + 2 s), not by anything sooner.
+    assert!(
+        took >= Duration::from_secs(2),
+        "b started {took:?} after the kill, before a's lease could end"
+    );
+}
+
+#[tokio::test]
+async fn a_force_deleted_pod_s_claim_is_held_back_revoked_and_passed_on_after_it_stopped() {
+    let etcd = shared();
+    etcd.ready().await;
+    let ns = TestNs::new("etcdgone").await;
+    let _c = spawn_controller(&ns, "etcdgone");
+    ns.lock("l", etcd_spec(&ns, &etcd.url(), 3, 1)).await;
+    let dir = scratch("etcdgone");
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let mut run_a = run(kubeconfig(), &ns, &a, &dir, &[], UNTIL_TERM);
+    wait_log(&dir, "a starts", |l| l.iter().any(|l| l[0] == "start")).await;
+    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], SECTION);
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    // No kubelet: the pod object goes at once, with no word that its process stopped.
+    ns.delete_pod("a").await;
+    ns.wait_lock("l", "a's slot held back as revoked", |l| {
+        let h = l.status.as_ref().and_then(|s| s.holders.first());
+        h.and_then(|h| h.revoked.as_ref())
+            .is_some_and(|r| r.reason == RevokeReason::PodGone)
+    })
+    .await;
+    let status = tokio::time::timeout(DEADLINE, run_a.wait())
+        .await
+        .expect("a's run stops")
+        .unwrap();
+    assert!(!status.success(), "a lost its grant: {status:?}");
+    tokio::time::timeout(DEADLINE, run_b.wait())
+        .await
+        .expect("b runs")
+        .unwrap();
+    let s = sections(&dir);
+    let term = s
+        .iter()
+        .position(|(e, _, p)| e == "term" && p == "a")
+        .expect("a's CMD was stopped");
+    let b_start = s.iter().position(|(e, _, p)| e == "start" && p == "b").expect("b ran");
+    assert!(term < b_start, "b started before a's CMD stopped: {s:?}");
+    assert!(event_reasons(&ns, "l").await.contains(&"Revoked".to_string()));
+}
+
+#[tokio::test]
+async fn a_holder_cut_off_from_etcd_stops_before_the_next_starts() {
+    let etcd = shared();
+    etcd.ready().await;
+    let ns = TestNs::new("etcdcut").await;
+    let _c = spawn_controller(&ns, "etcdcut");
+    ns.lock("l", etcd_spec(&ns, &etcd.url(), 3, 1)).await;
+    let dir = scratch("etcdcut");
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    // a reaches etcd through a proxy (its own endpoint, as a node-local proxy would be).
+    let proxy = Proxy::start(etcd.port).await;
+    let via = format!("http://127.0.0.1:{}", proxy.port);
+    let env = [(leasehold::etcd::ENDPOINTS_ENV, via.as_str())];
+    let mut run_a = run_with_env(kubeconfig(), &ns, &a, &dir, &[], &env, UNTIL_TERM);
+    wait_log(&dir, "a starts", |l| l.iter().any(|l| l[0] == "start")).await;
+    let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], SECTION);
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    proxy.black_hole(); // packets vanish: every request of a's hangs
+    let status = tokio::time::timeout(DEADLINE, run_a.wait())
+        .await
+        .expect("a stops")
+        .unwrap();
+    assert!(!status.success(), "a gave up its grant: {status:?}");
+    tokio::time::timeout(DEADLINE, run_b.wait())
+        .await
+        .expect("b runs")
+        .unwrap();
+    let s = sections(&dir);
+    let term = s
+        .iter()
+        .position(|(e, _, p)| e == "term" && p == "a")
+        .expect("a's CMD was stopped");
+    let b_start = s.iter().position(|(e, _, p)| e == "start" && p == "b").expect("b ran");
+    assert!(term < b_start, "b started while a, cut off, may still run: {s:?}");
+}
+
+#[tokio::test]
+async fn an_etcd_outage_shows_in_ready_and_the_lock_works_again_after_a_restart() {
+    let etcd = Etcd::new(); // its own: this test kills it
+    etcd.ready().await;
+    let ns = TestNs::new("etcdrestart").await;
+    let _c = spawn_controller(&ns, "etcdrestart");
+    ns.lock("l", etcd_spec(&ns, &etcd.url(), 10, 1)).await;
+    let client = ns.client.clone();
+    let (a, b, c) = (ns.pod("a").await, ns.pod("b").await, ns.pod("c").await);
+    let lock = |id| {
+        Lock::builder(client.clone(), &ns.name, "l")
+            .identity(id)
+            .build()
+            .unwrap()
+    };
+    let (lock_a, lock_b, lock_c) = (lock(a), lock(b), lock(c));
+    let held = lock_a.acquire().await.expect("a acquires");
+    assert!(
+        lock_c.try_acquire().await.unwrap().is_none(),
+        "c may not jump the queue"
+    );
+    ns.wait_lock("l", "a holds, and c's withdrawn claim is gone", |l| {
+        holders(l) == ["a"] && queue(l).is_empty()
+    })
+    .await;
+    etcd.kill().await;
+    let down = ns
+        .wait_lock("l", "Ready=False EtcdUnavailable", |l| {
+            ready_reason(l).as_deref() == Some("EtcdUnavailable")
+        })
+        .await;
+    assert_eq!(holders(&down), ["a"], "the last keys seen stay in status");
+    assert!(event_reasons(&ns, "l").await.contains(&"EtcdUnavailable".to_string()));
+    etcd.spawn();
+    etcd.ready().await;
+    ns.wait_lock("l", "Ready again", |l| ready_reason(l).as_deref() == Some("Reconciled"))
+        .await;
+    let waiting = tokio::spawn(async move { lock_b.acquire().await.map(|g| (g.fencing_token(), lock_b)) });
+    ns.wait_lock("l", "b waits behind a", |l| queue(l) == ["b"]).await;
+    let a_token = held.fencing_token();
+    assert!(
+        !held.is_lost(),
+        "a short outage within the lease does not cost a its grant"
+    );
+    held.release().await.expect("a releases");
+    let (b_token, _lock_b) = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("b acquires");
+    assert!(b_token > a_token, "token {b_token} after {a_token}");
+}
