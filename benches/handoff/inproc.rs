@@ -15,7 +15,7 @@ use leasehold::api::DistributedLock;
 use leasehold::client::Lock;
 use leasehold::protocol::claim::{PodIdentity, claim_lease, claim_name, release_patch};
 
-use crate::setup::{LOCK, namespace, pod};
+use crate::setup::{LOCK, namespace, namespace_on, pod};
 
 /// A watch of the lock's status.
 fn lock_events(
@@ -119,10 +119,15 @@ const HOLD: Duration = Duration::from_millis(50);
 /// The client library: `claimants` handles in this process (each with its own two
 /// connection pools, as separate processes would have) take turns; a handoff lasts
 /// from one holder's `release()` call to the next holder's `acquire()` returning.
-pub async fn library(kubeconfig: &Path, claimants: usize, rounds: usize) -> anyhow::Result<Vec<Duration>> {
-    let ns = "bench-library";
+pub async fn library(
+    kubeconfig: &Path,
+    claimants: usize,
+    rounds: usize,
+    etcd: Option<&str>,
+) -> anyhow::Result<Vec<Duration>> {
+    let ns = if etcd.is_some() { "bench-etcd-library" } else { "bench-library" };
     let admin = leasehold::kubeconfig::client_for(kubeconfig).await?;
-    namespace(&admin, ns, 60).await?;
+    namespace_on(&admin, ns, 60, etcd).await?;
     #[derive(Clone, Copy)]
     enum Mark {
         Granted(Instant),

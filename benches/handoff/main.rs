@@ -4,8 +4,10 @@
 //! * `run`: `leasehold run` end to end — one CMD exits → the next queued CMD starts,
 //!   with `--contenders` runs queued (each CMD a 50 ms section in `sh -c`);
 //! * `etcdctl`: the same with `etcdctl lock` on the control plane's own etcd (the anchor);
+//! * `etcd-run`: `leasehold run` as in `run`, on a lock whose claims live in that same
+//!   etcd (`spec.backend.etcd`);
 //! * `library`: the client library in-process — `release()` called → the next
-//!   `acquire()` returns;
+//!   `acquire()` returns; `etcd-library` the same on the etcd-backed lock;
 //! * `controller`: a claim marked released → the next holder in the lock's status;
 //! * `floor`: one Lease write on a warm connection → one watch delivers it;
 //! * `pod-gone`: the holder's pod deleted after its containers stopped → next holder;
@@ -84,8 +86,16 @@ async fn measure(args: &Args, kubeconfig: &Path, etcd: &str) -> anyhow::Result<(
     let mut all = Vec::new();
     // The two processes-level paths first and back to back, so they share conditions.
     if want("run") {
-        let s = procs::leasehold_run(leasehold, &client, kubeconfig, k, n).await?;
+        let s = procs::leasehold_run(leasehold, &client, kubeconfig, k, n, None).await?;
         all.push(Series::new("run", "leasehold run: CMD exits -> next CMD starts", s));
+    }
+    if want("etcd-run") {
+        let s = procs::leasehold_run(leasehold, &client, kubeconfig, k, n, Some(etcd)).await?;
+        all.push(Series::new(
+            "etcd-run",
+            "leasehold run, etcd backend (same etcd): CMD exits -> next CMD starts",
+            s,
+        ));
     }
     if want("etcdctl") {
         let s = procs::etcdctl_lock(etcd, k, n).await?;
@@ -96,10 +106,18 @@ async fn measure(args: &Args, kubeconfig: &Path, etcd: &str) -> anyhow::Result<(
         ));
     }
     if want("library") {
-        let s = inproc::library(kubeconfig, 3, n).await?;
+        let s = inproc::library(kubeconfig, 3, n, None).await?;
         all.push(Series::new(
             "library",
             "client library: release() -> next acquire() returns",
+            s,
+        ));
+    }
+    if want("etcd-library") {
+        let s = inproc::library(kubeconfig, 3, n, Some(etcd)).await?;
+        all.push(Series::new(
+            "etcd-library",
+            "client library, etcd backend: release() -> next acquire() returns",
             s,
         ));
     }

@@ -12,7 +12,7 @@ use leasehold::api::DistributedLock;
 use leasehold::protocol::claim::PodIdentity;
 use tokio::process::Command;
 
-use crate::setup::{LOCK, namespace, pod};
+use crate::setup::{LOCK, namespace, namespace_on, pod};
 
 /// The critical section both tools run: log its start, hold for 50 ms, log its end
 /// (times in ns from this machine's clock; `date` costs the same to both).
@@ -103,17 +103,19 @@ fn run_as(leasehold: &Path, kubeconfig: &Path, pod: &PodIdentity, log: &Log, sec
     cmd
 }
 
-/// `leasehold run` end to end: one CMD exits → the next queued CMD starts.
+/// `leasehold run` end to end: one CMD exits → the next queued CMD starts; on a lock
+/// whose claims live in the etcd at `etcd` when given.
 pub async fn leasehold_run(
     leasehold: &Path,
     client: &Client,
     kubeconfig: &Path,
     contenders: usize,
     rounds: usize,
+    etcd: Option<&str>,
 ) -> anyhow::Result<Vec<Duration>> {
-    let ns = "bench-run";
-    namespace(client, ns, 60).await?;
-    let log = Log::new("run")?;
+    let ns = if etcd.is_some() { "bench-etcd-run" } else { "bench-run" };
+    namespace_on(client, ns, 60, etcd).await?;
+    let log = Log::new(ns)?;
     let mut pods = Vec::new();
     for i in 0..contenders {
         pods.push(pod(client, ns, &format!("w{i}")).await?);

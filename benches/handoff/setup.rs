@@ -5,7 +5,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
-use leasehold::api::{DistributedLock, DistributedLockSpec};
+use leasehold::api::{Backend, DistributedLock, DistributedLockSpec, EtcdBackend};
 use leasehold::protocol::claim::PodIdentity;
 
 /// The lock every path contends for.
@@ -13,6 +13,18 @@ pub const LOCK: &str = "bench";
 
 /// A namespace holding lock [`LOCK`] with this lease.
 pub async fn namespace(client: &Client, name: &str, lease_seconds: i32) -> anyhow::Result<()> {
+    namespace_on(client, name, lease_seconds, None).await
+}
+
+/// [`namespace`], the lock's claims in the etcd at `etcd` when given.
+pub async fn namespace_on(client: &Client, name: &str, lease_seconds: i32, etcd: Option<&str>) -> anyhow::Result<()> {
+    let backend = etcd.map(|url| Backend {
+        etcd: Some(EtcdBackend {
+            endpoints: vec![url.into()],
+            key_prefix: Some(format!("/leasehold-bench-{}", std::process::id())),
+            tls_secret_ref: None,
+        }),
+    });
     let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
@@ -26,7 +38,7 @@ pub async fn namespace(client: &Client, name: &str, lease_seconds: i32) -> anyho
         DistributedLockSpec {
             lease_duration_seconds: lease_seconds,
             max_holders: 1,
-            backend: None,
+            backend,
         },
     );
     Api::<DistributedLock>::namespaced(client.clone(), name)
