@@ -125,7 +125,11 @@ pub async fn library(
     rounds: usize,
     etcd: Option<&str>,
 ) -> anyhow::Result<Vec<Duration>> {
-    let ns = if etcd.is_some() { "bench-etcd-library" } else { "bench-library" };
+    let ns = if etcd.is_some() {
+        "bench-etcd-library"
+    } else {
+        "bench-library"
+    };
     let admin = leasehold::kubeconfig::client_for(kubeconfig).await?;
     namespace_on(&admin, ns, 60, etcd).await?;
     #[derive(Clone, Copy)]

@@ -56,8 +56,9 @@ pub(crate) struct Session {
     state: watch::Sender<State>,
 }
 
-/// How a claim is given up, by backend.
+/// How a claim is given up, by backend. (One per claim: its size does not matter.)
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Release {
     /// Write the release mark on the claim Lease: the secret whose hash the claim
     /// carries proves the mark is the owner's.

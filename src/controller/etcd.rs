@@ -39,7 +39,7 @@ pub enum View {
     /// Not connected yet.
     Connecting,
     /// The lock's keys as of the last watch response, and a client to act with.
-    Keys(Arc<Vec<KeyView>>, Client),
+    Keys(Arc<Vec<KeyView>>, Box<Client>),
     /// etcd could not be reached or read: why.
     Failed(String),
 }
@@ -181,7 +181,7 @@ async fn mirror_once(
         }
     }
     let publish = |keys: &BTreeMap<String, KeyView>| {
-        view.send_replace(View::Keys(Arc::new(keys.values().cloned().collect()), client.clone()));
+        view.send_replace(View::Keys(Arc::new(keys.values().cloned().collect()), Box::new(client.clone())));
         let _ = trigger.send(lock.clone());
     };
     publish(&keys);
@@ -250,7 +250,7 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>, backend: E
             View::Keys(keys, client) => {
                 let m = plan(&current, &ctx, keys);
                 let trouble = (!m.invalid.is_empty()).then(|| Trouble::rejected(m.invalid.len()));
-                (m.status, m.actions, trouble, Some(client.clone()))
+                (m.status, m.actions, trouble, Some((**client).clone()))
             }
             View::Connecting => return Ok(Requeue::await_change()), // the mirror triggers when it knows
             View::Failed(why) => (old.clone(), Vec::new(), Some(Trouble::etcd(why)), None),

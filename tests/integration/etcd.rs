@@ -11,6 +11,7 @@ use etcd_client::GetOptions;
 use leasehold::api::{Backend, DistributedLock, DistributedLockSpec, EtcdBackend, RevokeReason};
 use leasehold::client::Lock;
 use leasehold::dev::proxy::Proxy;
+use leasehold::etcd::connect::TlsFiles;
 
 use crate::client::{SECTION, UNTIL_TERM, log, run, run_with_env, scratch, wait_log};
 use crate::support::*;
@@ -22,6 +23,9 @@ struct Etcd {
     data: PathBuf,
     port: u16,
     peer: u16,
+    /// A dir with ca.crt, server.crt/key and client.crt/key: serve TLS and require
+    /// client certificates.
+    tls: Option<PathBuf>,
 }
 
 fn free_port() -> u16 {
@@ -31,6 +35,10 @@ fn free_port() -> u16 {
 
 impl Etcd {
     fn new() -> Self {
+        Self::start(None)
+    }
+
+    fn start(tls: Option<PathBuf>) -> Self {
         let base = if Path::new("/dev/shm").is_dir() {
             PathBuf::from("/dev/shm")
         } else {
@@ -47,13 +55,26 @@ impl Etcd {
             data,
             port: free_port(),
             peer: free_port(),
+            tls,
         };
         etcd.spawn();
         etcd
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// The client's TLS material, when etcd serves TLS.
+    fn client_tls(&self) -> Option<TlsFiles> {
+        let dir = self.tls.as_ref()?;
+        let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
+        Some(TlsFiles {
+            ca: read("ca.crt"),
+            cert: read("client.crt"),
+            key: read("client.key"),
+        })
     }
 
     fn spawn(&self) {
@@ -63,6 +84,19 @@ impl Etcd {
             .unwrap_or_else(|| PathBuf::from("etcd"));
         let peer = format!("http://127.0.0.1:{}", self.peer);
         let log = std::fs::File::create(format!("{}.log", self.data.display())).unwrap();
+        let mut tls_args: Vec<String> = Vec::new();
+        if let Some(dir) = &self.tls {
+            let f = |n: &str| dir.join(n).display().to_string();
+            tls_args = vec![
+                "--cert-file".into(),
+                f("server.crt"),
+                "--key-file".into(),
+                f("server.key"),
+                "--trusted-ca-file".into(),
+                f("ca.crt"),
+                "--client-cert-auth".into(),
+            ];
+        }
         let child = StdCommand::new(LEASEHOLD)
             .args(["guard", "--signal", "SIGKILL", "--"])
             .arg(bin)
@@ -77,6 +111,7 @@ impl Etcd {
             ])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("t={peer}")])
+            .args(&tls_args)
             .env(leasehold::supervise::PARENT_ENV, std::process::id().to_string())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -88,12 +123,23 @@ impl Etcd {
 
     /// Wait until etcd answers.
     async fn ready(&self) {
-        let url = self.url();
         wait_for("etcd to answer", DEADLINE, || async {
-            let mut c = etcd_client::Client::connect([url.as_str()], None).await.ok()?;
-            c.status().await.ok().map(|_| ())
+            self.connect().await.status().await.ok().map(|_| ())
         })
         .await;
+    }
+
+    /// A client, with the client certificate when etcd serves TLS.
+    async fn connect(&self) -> etcd_client::Client {
+        let backend = EtcdBackend {
+            endpoints: vec![self.url()],
+            key_prefix: None,
+            tls_secret_ref: None,
+        };
+        let tls = self.client_tls();
+        leasehold::etcd::connect_with(&backend, tls.as_ref(), Duration::from_secs(2))
+            .await
+            .expect("an etcd client (connecting is lazy)")
     }
 
     /// SIGKILL etcd (as a crash would) and wait until its port is closed.
@@ -171,8 +217,8 @@ fn etcd_spec(ns: &TestNs, url: &str, lease: i32, max_holders: i32) -> Distribute
 }
 
 /// The claim keys left under the test's prefix.
-async fn keys_left(ns: &TestNs, url: &str) -> usize {
-    let mut c = etcd_client::Client::connect([url], None).await.unwrap();
+async fn keys_left(ns: &TestNs, etcd: &Etcd) -> usize {
+    let mut c = etcd.connect().await;
     let got = c
         .get(format!("/t/{}/", ns.name), Some(GetOptions::new().with_prefix()))
         .await
@@ -258,7 +304,7 @@ async fn leasehold_run_on_etcd_grants_fifo_one_at_a_time_with_growing_tokens_and
         .wait_lock("l", "the status to show the lock free", |l| holders(l).is_empty())
         .await;
     assert_eq!(done.status.unwrap().fencing_token, tokens[2], "the last token issued");
-    assert_eq!(keys_left(&ns, &etcd.url()).await, 0, "every release deleted its key");
+    assert_eq!(keys_left(&ns, etcd).await, 0, "every release deleted its key");
 }
 
 #[tokio::test]
@@ -428,4 +474,126 @@ async fn an_etcd_outage_shows_in_ready_and_the_lock_works_again_after_a_restart(
         .unwrap()
         .expect("b acquires");
     assert!(b_token > a_token, "token {b_token} after {a_token}");
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, made by openssl.
+fn certificates(dir: &Path) -> PathBuf {
+    let script = r#"set -e
+openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=leasehold-test-ca
+openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=etcd
+printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > server.ext
+openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 1 -extfile server.ext
+openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=client
+printf 'extendedKeyUsage=clientAuth\n' > client.ext
+openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 1 -extfile client.ext
+mkdir pod && cp ca.crt pod/ca.crt && cp client.crt pod/tls.crt && cp client.key pod/tls.key"#;
+    let out = StdCommand::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir.to_path_buf()
+}
+
+#[tokio::test]
+async fn a_lock_on_an_etcd_that_wants_client_certificates_works_with_the_secret_and_the_mounted_files() {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+    let dir = scratch("etcdtls");
+    let etcd = Etcd::start(Some(certificates(&dir)));
+    etcd.ready().await;
+    let ns = TestNs::new("etcdtls").await;
+    // The controller reads the lock's Secret through the API.
+    let tls = etcd.client_tls().unwrap();
+    let data = [("ca.crt", tls.ca), ("tls.crt", tls.cert), ("tls.key", tls.key)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), ByteString(v)))
+        .collect();
+    let mut secret = Secret {
+        data: Some(data),
+        ..Default::default()
+    };
+    secret.metadata.name = Some("etcd-client-tls".into());
+    kube::Api::<Secret>::namespaced(ns.client.clone(), &ns.name)
+        .create(&Default::default(), &secret)
+        .await
+        .unwrap();
+    let _c = spawn_controller(&ns, "etcdtls");
+    let mut spec = etcd_spec(&ns, &etcd.url(), 5, 1);
+    let backend = spec.backend.as_mut().unwrap().etcd.as_mut().unwrap();
+    backend.tls_secret_ref = Some(leasehold::api::SecretRef {
+        name: "etcd-client-tls".into(),
+    });
+    ns.lock("l", spec).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    // Without the files, `leasehold run` says which one it could not read.
+    let missing = [(leasehold::etcd::TLS_DIR_ENV, "/nonexistent")];
+    let status = run_with_env(kubeconfig(), &ns, &b, &dir, &[], &missing, SECTION)
+        .wait()
+        .await
+        .unwrap();
+    assert!(!status.success());
+    let stderr = std::fs::read_to_string(dir.join("b.stderr")).unwrap();
+    assert!(stderr.contains("reading etcd TLS file /nonexistent/ca.crt"), "{stderr}");
+    // With them (as the pod's Secret volume), it holds; the controller mirrors it.
+    let go = dir.join("go");
+    let mounted = dir.join("pod");
+    let env = [
+        (leasehold::etcd::TLS_DIR_ENV, mounted.to_str().unwrap()),
+        ("GO", go.to_str().unwrap()),
+    ];
+    let mut run_a = run_with_env(kubeconfig(), &ns, &a, &dir, &[], &env, UNTIL_GO);
+    let held = ns
+        .wait_lock("l", "a holds, seen over TLS", |l| holders(l) == ["a"])
+        .await;
+    assert_eq!(ready_reason(&held).as_deref(), Some("Reconciled"));
+    std::fs::write(&go, "").unwrap();
+    let status = tokio::time::timeout(DEADLINE, run_a.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(keys_left(&ns, &etcd).await, 0);
+}
+
+#[tokio::test]
+async fn a_semaphore_on_etcd_lets_two_hold_and_wakes_the_waiter_when_either_releases() {
+    let etcd = shared();
+    etcd.ready().await;
+    let ns = TestNs::new("etcdsem").await;
+    ns.lock("l", etcd_spec(&ns, &etcd.url(), 10, 2)).await;
+    let client = ns.client.clone();
+    let mut locks = Vec::new();
+    for name in ["a", "b", "c"] {
+        let id = ns.pod(name).await;
+        locks.push(
+            Lock::builder(client.clone(), &ns.name, "l")
+                .identity(id)
+                .build()
+                .unwrap(),
+        );
+    }
+    let lock_c = locks.pop().unwrap();
+    let a = locks[0].acquire().await.expect("a holds");
+    let b = locks[1].acquire().await.expect("b holds beside a");
+    assert!(a.fencing_token() < b.fencing_token());
+    let waiting = tokio::spawn(async move { lock_c.acquire().await.map(|g| (g.fencing_token(), lock_c)) });
+    // c's key exists once it waits: the slot it waits for is b's or a's.
+    wait_for("c's claim key", DEADLINE, || async {
+        (keys_left(&ns, etcd).await == 3).then_some(())
+    })
+    .await;
+    assert!(!waiting.is_finished(), "c may not hold while a and b do");
+    // The holder that is *not* just ahead of c releases: c must still wake.
+    a.release().await.unwrap();
+    let (c_token, _lock_c) = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("c holds");
+    assert!(c_token > b.fencing_token());
+    assert!(!b.is_lost());
 }
