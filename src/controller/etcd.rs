@@ -181,7 +181,10 @@ async fn mirror_once(
         }
     }
     let publish = |keys: &BTreeMap<String, KeyView>| {
-        view.send_replace(View::Keys(Arc::new(keys.values().cloned().collect()), Box::new(client.clone())));
+        view.send_replace(View::Keys(
+            Arc::new(keys.values().cloned().collect()),
+            Box::new(client.clone()),
+        ));
         let _ = trigger.send(lock.clone());
     };
     publish(&keys);
