@@ -10,17 +10,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::{mpsc, watch};
 
 use super::context::Context;
-use super::reconcile::{Error, MAX_CONFLICT_RETRIES, Trouble, with_conditions};
-use crate::api::{DistributedLock, EtcdBackend};
+use super::reconcile::{Error, MAX_CONFLICT_RETRIES, Trouble, Wrote, with_conditions, write_status};
+use crate::api::{DistributedLock, EtcdBackend, RevokeReason};
 use crate::decide::{Action, ActionKind};
 use crate::etcd::keys::{ClaimValue, claim_of, lock_prefix};
 use crate::etcd::rules::{KeyAction, KeyView, mirror};
@@ -260,19 +260,13 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>, backend: E
         };
         let mut next = current.clone();
         next.status = Some(with_conditions(&current, status, trouble.as_ref()));
-        if next.status.as_ref() != Some(&old) {
-            match api.replace_status(&name, &PostParams::default(), &next).await {
-                Ok(written) => ctx.written.record(current.metadata.resource_version.clone(), written),
-                Err(kube::Error::Api(s)) if s.is_conflict() => {
-                    current = api.get(&name).await.map_err(|e| Error::Reread(name.clone(), e))?;
-                    continue;
-                }
-                Err(kube::Error::Api(s)) if s.is_not_found() => {
-                    ctx.written.forget(&current);
-                    return Ok(Requeue::await_change());
-                }
-                Err(e) => return Err(Error::WriteStatus(name, e)),
+        match write_status(&ctx, &api, &current, &next).await? {
+            Wrote::Written => {}
+            Wrote::Conflict(fresh) => {
+                current = *fresh;
+                continue;
             }
+            Wrote::LockGone => return Ok(Requeue::await_change()),
         }
         let new = next.status.clone().unwrap_or_default();
         let was = |s: &crate::api::DistributedLockStatus| {
@@ -288,8 +282,17 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>, backend: E
         }
         ctx.metrics.set_queue_depth(&ns, &name, new.queue.len());
         let mut events = changes(&old, &new);
+        let mut retry = false;
         if let Some(client) = client {
             for a in actions {
+                match pod_confirmed_gone(&ctx, &ns, &a).await {
+                    Some(true) => {}
+                    Some(false) => continue,
+                    None => {
+                        retry = true;
+                        continue;
+                    }
+                }
                 if let Some(event) = revoke(client.clone(), &a).await.map_err(Error::Etcd)? {
                     events.push(event);
                 }
@@ -308,6 +311,9 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>, backend: E
         }) = trouble
         {
             return Ok(Requeue::requeue(UNAVAILABLE_REQUEUE));
+        }
+        if retry {
+            return Ok(Requeue::requeue(super::reconcile::ERROR_REQUEUE));
         }
         return Ok(Requeue::await_change());
     }
@@ -352,6 +358,38 @@ fn changes(old: &crate::api::DistributedLockStatus, new: &crate::api::Distribute
         }
     }
     out
+}
+
+/// Whether a key action may go ahead: a pod judged gone from the controller's pod cache
+/// is read afresh first (only on such trouble), so a claim made by a pod the cache has
+/// not shown yet is not held back. `None`: the read failed; look again soon.
+async fn pod_confirmed_gone(ctx: &Context, ns: &str, a: &KeyAction) -> Option<bool> {
+    let KeyAction::HoldBack {
+        value,
+        reason: RevokeReason::PodGone,
+        ..
+    } = a
+    else {
+        return Some(true);
+    };
+    if value.pod.is_empty() {
+        return Some(true);
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    match pods.get_opt(&value.pod).await {
+        Ok(Some(pod)) if pod.uid().as_deref() == Some(value.pod_uid.as_str()) => {
+            tracing::info!(
+                pod = value.pod,
+                "the pod cache lags: the claim's pod is there; not revoking"
+            );
+            Some(false)
+        }
+        Ok(_) => Some(true),
+        Err(e) => {
+            tracing::warn!(pod = value.pod, error = %e, "confirming a pod gone failed; not revoking yet");
+            None
+        }
+    }
 }
 
 /// Take one key away: delete it, or move it onto a fresh controller lease and revoke

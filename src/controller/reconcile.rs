@@ -85,7 +85,6 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
             continue; // the watch lags: plan again with what the fresh reads showed
         }
         publish_warnings(&ctx, &plan.warnings);
-        let old = current.status.clone().unwrap_or_default();
         let mut next = current.clone();
         let trouble = (plan.rejected > 0).then(|| Trouble::rejected(plan.rejected));
         next.status = Some(with_conditions(
@@ -93,19 +92,13 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
             plan.decision.status.clone(),
             trouble.as_ref(),
         ));
-        if next.status.as_ref() != Some(&old) {
-            match api.replace_status(&name, &PostParams::default(), &next).await {
-                Ok(written) => ctx.written.record(current.metadata.resource_version.clone(), written),
-                Err(kube::Error::Api(s)) if s.is_conflict() => {
-                    current = api.get(&name).await.map_err(|e| Error::Reread(name.clone(), e))?;
-                    continue;
-                }
-                Err(kube::Error::Api(s)) if s.is_not_found() => {
-                    ctx.written.forget(&current);
-                    return Ok(Requeue::await_change());
-                }
-                Err(e) => return Err(Error::WriteStatus(name, e)),
+        match write_status(&ctx, &api, &current, &next).await? {
+            Wrote::Written => {}
+            Wrote::Conflict(fresh) => {
+                current = *fresh;
+                continue;
             }
+            Wrote::LockGone => return Ok(Requeue::await_change()),
         }
         after_write(&ctx, &current, &plan);
         ctx.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
@@ -119,6 +112,45 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         return Ok(requeue);
     }
     Err(Error::Conflicts(name))
+}
+
+/// What writing a lock's status came to.
+pub enum Wrote {
+    /// Written (or nothing to write).
+    Written,
+    /// Someone wrote first: the lock as it is now, to decide again from.
+    Conflict(Box<DistributedLock>),
+    /// The lock is gone.
+    LockGone,
+}
+
+/// Write `next`'s status over `current` (unless unchanged), with `current`'s
+/// resourceVersion as the precondition, and remember the write for the next reconcile.
+pub async fn write_status(
+    ctx: &Context,
+    api: &Api<DistributedLock>,
+    current: &DistributedLock,
+    next: &DistributedLock,
+) -> Result<Wrote, Error> {
+    if next.status == current.status {
+        return Ok(Wrote::Written);
+    }
+    let name = current.name_any();
+    match api.replace_status(&name, &PostParams::default(), next).await {
+        Ok(written) => {
+            ctx.written.record(current.metadata.resource_version.clone(), written);
+            Ok(Wrote::Written)
+        }
+        Err(kube::Error::Api(s)) if s.is_conflict() => {
+            let fresh = api.get(&name).await.map_err(|e| Error::Reread(name.clone(), e))?;
+            Ok(Wrote::Conflict(Box::new(fresh)))
+        }
+        Err(kube::Error::Api(s)) if s.is_not_found() => {
+            ctx.written.forget(current);
+            Ok(Wrote::LockGone)
+        }
+        Err(e) => Err(Error::WriteStatus(name, e)),
+    }
 }
 
 /// Expiry is never judged from a view that may be stale: the claims this plan expires

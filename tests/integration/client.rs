@@ -237,7 +237,7 @@ const SLOW_TERM: &str = r#"trap 'echo term $LEASEHOLD_FENCING_TOKEN $POD_NAME >>
 
 /// a's run exits with the lost-lock status, b's run succeeds, and the shared log shows
 /// `order` (`<kind> <pod>` per line): a's CMD stopped before b's started.
-async fn a_lost_then_b_ran(run_a: &mut Child, run_b: &mut Child, dir: &Path, order: &[&str]) {
+pub(crate) async fn a_lost_then_b_ran(run_a: &mut Child, run_b: &mut Child, dir: &Path, order: &[&str]) {
     let wait = Duration::from_secs(60);
     let status = tokio::time::timeout(wait, run_a.wait()).await.unwrap().unwrap();
     assert_eq!(status.code(), Some(76), "a's run exits with the lost-lock status");

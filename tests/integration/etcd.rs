@@ -13,7 +13,7 @@ use leasehold::client::Lock;
 use leasehold::dev::proxy::Proxy;
 use leasehold::etcd::connect::TlsFiles;
 
-use crate::client::{SECTION, UNTIL_TERM, log, run, run_with_env, scratch, wait_log};
+use crate::client::{SECTION, UNTIL_TERM, a_lost_then_b_ran, log, run, run_with_env, scratch, wait_log};
 use crate::support::*;
 
 /// An etcd of the tests' own, killed with the test process (it runs under
@@ -368,22 +368,7 @@ async fn a_force_deleted_pod_s_claim_is_held_back_revoked_and_passed_on_after_it
             .is_some_and(|r| r.reason == RevokeReason::PodGone)
     })
     .await;
-    let status = tokio::time::timeout(DEADLINE, run_a.wait())
-        .await
-        .expect("a's run stops")
-        .unwrap();
-    assert!(!status.success(), "a lost its grant: {status:?}");
-    tokio::time::timeout(DEADLINE, run_b.wait())
-        .await
-        .expect("b runs")
-        .unwrap();
-    let s = sections(&dir);
-    let term = s
-        .iter()
-        .position(|(e, _, p)| e == "term" && p == "a")
-        .expect("a's CMD was stopped");
-    let b_start = s.iter().position(|(e, _, p)| e == "start" && p == "b").expect("b ran");
-    assert!(term < b_start, "b started before a's CMD stopped: {s:?}");
+    a_lost_then_b_ran(&mut run_a, &mut run_b, &dir, &["start a", "term a", "start b", "end b"]).await;
     assert!(event_reasons(&ns, "l").await.contains(&"Revoked".to_string()));
 }
 
@@ -405,22 +390,7 @@ async fn a_holder_cut_off_from_etcd_stops_before_the_next_starts() {
     let mut run_b = run(kubeconfig(), &ns, &b, &dir, &[], SECTION);
     ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
     proxy.black_hole(); // packets vanish: every request of a's hangs
-    let status = tokio::time::timeout(DEADLINE, run_a.wait())
-        .await
-        .expect("a stops")
-        .unwrap();
-    assert!(!status.success(), "a gave up its grant: {status:?}");
-    tokio::time::timeout(DEADLINE, run_b.wait())
-        .await
-        .expect("b runs")
-        .unwrap();
-    let s = sections(&dir);
-    let term = s
-        .iter()
-        .position(|(e, _, p)| e == "term" && p == "a")
-        .expect("a's CMD was stopped");
-    let b_start = s.iter().position(|(e, _, p)| e == "start" && p == "b").expect("b ran");
-    assert!(term < b_start, "b started while a, cut off, may still run: {s:?}");
+    a_lost_then_b_ran(&mut run_a, &mut run_b, &dir, &["start a", "term a", "start b", "end b"]).await;
 }
 
 #[tokio::test]
