@@ -95,12 +95,13 @@ pub async fn api_writes(client: &kube::Client) -> anyhow::Result<std::collection
     Ok(out)
 }
 
-/// Print the writes between two readings per grant, leaving out the claims' creation.
-pub fn print_writes_per_grant(
+/// The API writes between two readings per grant, leaving out the claims' creation:
+/// the total and the parts by verb and resource.
+pub fn writes_per_grant(
     before: &std::collections::BTreeMap<(String, String), f64>,
     after: &std::collections::BTreeMap<(String, String), f64>,
     grants: usize,
-) {
+) -> (f64, String) {
     let mut total = 0.0;
     let mut parts = Vec::new();
     for (key, n) in after {
@@ -114,9 +115,15 @@ pub fn print_writes_per_grant(
         total += d;
         parts.push(format!("{} {} {:.2}", key.0, key.1, d / grants as f64));
     }
-    println!(
-        "controller path: {:.2} API writes per grant (claim creation excluded): {}",
-        total / grants as f64,
-        parts.join(", ")
-    );
+    (total / grants.max(1) as f64, parts.join(", "))
+}
+
+/// Print the writes between two readings per grant, leaving out the claims' creation.
+pub fn print_writes_per_grant(
+    before: &std::collections::BTreeMap<(String, String), f64>,
+    after: &std::collections::BTreeMap<(String, String), f64>,
+    grants: usize,
+) {
+    let (total, parts) = writes_per_grant(before, after, grants);
+    println!("controller path: {total:.2} API writes per grant (claim creation excluded): {parts}");
 }

@@ -12,6 +12,7 @@ pub mod demo;
 mod harness;
 mod provision;
 pub mod proxy;
+pub mod scale;
 mod workdir;
 
 use std::fs::File;

@@ -14,5 +14,6 @@ mod ha;
 mod harness;
 mod library;
 mod outage;
+mod scale;
 mod smoke;
 mod support;

@@ -1,0 +1,193 @@
+//! Scale: L locks × C claimants on the local control plane, with unrelated pods in the
+//! cluster, printed as figures (a benchmark, not a test).
+//!
+//! For each L: the claims are written ahead of time (claim creation is not counted),
+//! then a fresh `leasehold controller` process (this build) is started and every grant
+//! is released as soon as it is seen — flat out, then at an offered release rate. It
+//! prints grants/s, release → next grant p50/p90/p99, the controller's peak RSS and CPU
+//! seconds, and API writes per grant by verb and resource from the API server's own
+//! `/metrics`; and, first, what the unrelated pods cost the controller's memory.
+//!
+//! ```sh
+//! cargo bench --bench scale                                   # (10, 100, 1000) × 10, 2000 pods
+//! cargo bench --bench scale -- --locks 10,100 --pods 500 --rate 50
+//! ```
+
+#[path = "handoff/stats.rs"]
+#[allow(dead_code)]
+mod stats;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use leasehold::dev::scale::{self, Outcome};
+use stats::Series;
+
+const LEASEHOLD: &str = env!("CARGO_BIN_EXE_leasehold");
+/// How long one run may take before it counts as stuck.
+const RUN_DEADLINE: Duration = Duration::from_secs(1800);
+
+struct Args {
+    locks: Vec<usize>,
+    claimants: usize,
+    pods: usize,
+    rate: f64,
+}
+
+fn args() -> Option<Args> {
+    let argv: Vec<String> = std::env::args().collect();
+    if !argv.iter().any(|a| a == "--bench") {
+        return None;
+    }
+    let value = |flag: &str| {
+        argv.iter()
+            .position(|a| a == flag)
+            .and_then(|i| argv.get(i + 1).cloned())
+    };
+    let locks = value("--locks").unwrap_or_else(|| "10,100,1000".into());
+    Some(Args {
+        locks: locks.split(',').filter_map(|v| v.parse().ok()).collect(),
+        claimants: value("--claimants").and_then(|v| v.parse().ok()).unwrap_or(10),
+        pods: value("--pods").and_then(|v| v.parse().ok()).unwrap_or(2000),
+        rate: value("--rate").and_then(|v| v.parse().ok()).unwrap_or(100.0),
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let Some(args) = args() else {
+        println!("scale: SKIPPED — a benchmark, not a test; run `cargo bench --bench scale`");
+        return Ok(());
+    };
+    let kubeconfig = leasehold::dev::spawn_for_process(Path::new(LEASEHOLD), Duration::from_secs(3600))?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(measure(&args, &kubeconfig))
+}
+
+/// A `leasehold controller` process watching every namespace.
+struct Controller(tokio::process::Child);
+
+impl Controller {
+    fn start(kubeconfig: &Path) -> anyhow::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = tokio::process::Command::new(LEASEHOLD)
+            .args([
+                "controller",
+                "--identity",
+                "scale",
+                "--http-addr",
+                &format!("127.0.0.1:{port}"),
+            ])
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        Ok(Controller(child))
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id().unwrap_or(0)
+    }
+
+    /// Peak and current resident set, in KiB (`VmHWM`, `VmRSS`).
+    fn rss_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmHWM:"), field("VmRSS:"))
+    }
+
+    /// CPU seconds used (user + system).
+    fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+        let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        // After the command name: state is field 0, utime 11, stime 12 (clock ticks of 1/100 s).
+        (ticks(11) + ticks(12)) / 100.0
+    }
+}
+
+async fn measure(args: &Args, kubeconfig: &Path) -> anyhow::Result<()> {
+    let client = leasehold::kubeconfig::client_for(kubeconfig).await?;
+    // What unrelated pods cost: the controller's RSS before and after they appear.
+    let bystanders = Controller::start(kubeconfig)?;
+    tokio::time::sleep(Duration::from_secs(3)).await; // settle: caches synced, allocator warm
+    let (_, before) = bystanders.rss_kib();
+    scale::namespace(&client, "scale-bystanders").await?;
+    scale::pods(&client, "scale-bystanders", "p", args.pods).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await; // the pod watch has them
+    let (_, after) = bystanders.rss_kib();
+    drop(bystanders);
+    println!(
+        "unrelated pods: {} → controller RSS {:.1} → {:.1} MiB: {:.2} KiB per pod",
+        args.pods,
+        before as f64 / 1024.0,
+        after as f64 / 1024.0,
+        (after as f64 - before as f64) / args.pods.max(1) as f64
+    );
+    println!();
+    for &locks in &args.locks {
+        for rate in [None, Some(args.rate)] {
+            let ns = match rate {
+                None => format!("scale-{locks}x{}-flat", args.claimants),
+                Some(r) => format!("scale-{locks}x{}-rate{r}", args.claimants),
+            };
+            run(&client, kubeconfig, &ns, locks, args.claimants, rate).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn run(
+    client: &Client,
+    kubeconfig: &Path,
+    ns: &str,
+    locks: usize,
+    claimants: usize,
+    rate: Option<f64>,
+) -> anyhow::Result<()> {
+    let workload = scale::prepare(client, ns, locks, claimants).await?;
+    let before = stats::api_writes(client).await?;
+    let controller = Controller::start(kubeconfig)?;
+    let started = Instant::now();
+    let out: Outcome = scale::drive(client, &workload, rate, RUN_DEADLINE).await?;
+    let (peak, _) = controller.rss_kib();
+    let cpu = controller.cpu_seconds();
+    let after = stats::api_writes(client).await?;
+    drop(controller);
+    let (writes, parts) = stats::writes_per_grant(&before, &after, out.grants);
+    let handoffs = Series::new("handoff", "", out.handoffs.clone());
+    let offered = rate.map_or("flat out".to_string(), |r| format!("{r}/s offered"));
+    println!(
+        "{locks:>5} locks × {claimants} ({offered:>12}): {} grants, {:.1} grants/s, release→grant p50 {:.1} ms p90 {:.1} ms p99 {:.1} ms, \
+         controller peak RSS {:.1} MiB, CPU {:.1} s ({:.2} ms/grant), {writes:.2} API writes/grant [{parts}], \
+         {} violations{}",
+        out.grants,
+        out.grants as f64 / out.elapsed.as_secs_f64(),
+        handoffs.quantile(0.5),
+        handoffs.quantile(0.9),
+        handoffs.quantile(0.99),
+        peak as f64 / 1024.0,
+        cpu,
+        cpu * 1000.0 / out.grants.max(1) as f64,
+        out.violations.len(),
+        if out.violations.is_empty() {
+            String::new()
+        } else {
+            format!(": {:?}", &out.violations[..out.violations.len().min(3)])
+        },
+    );
+    let _ = started;
+    Ok(())
+}

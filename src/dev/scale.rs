@@ -1,0 +1,241 @@
+//! The scale workload, shared by `benches/scale.rs` (figures) and the integration test
+//! that guards correctness at breadth: `locks` locks × `claimants` claims each, written
+//! ahead of time per the claim protocol (one claimant pod each, in order), and a driver
+//! that releases every grant as soon as it sees it — at once, or at an offered rate —
+//! and checks that every lock granted its claims in creation order with strictly
+//! increasing tokens.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+
+use crate::api::{DistributedLock, DistributedLockSpec};
+use crate::protocol::claim::{PodIdentity, claim_lease, claim_name, release_patch};
+use crate::protocol::timing::MAX_LEASE_SECONDS;
+
+/// How many API requests the setup and the driver keep in flight.
+pub const IN_FLIGHT: usize = 32;
+
+/// One prepared workload: its namespace and each lock's claims in creation order.
+pub struct Workload {
+    /// The namespace holding the locks, claimant pods and claims.
+    pub namespace: String,
+    /// Lock name → its claims, oldest first.
+    pub claims: HashMap<String, Vec<String>>,
+}
+
+/// What driving a workload showed.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Grants seen.
+    pub grants: usize,
+    /// From the first release to the last grant.
+    pub elapsed: Duration,
+    /// Release sent → the lock's next grant seen, per handoff.
+    pub handoffs: Vec<Duration>,
+    /// FIFO or token-order violations, described.
+    pub violations: Vec<String>,
+}
+
+/// Create `count` Pod objects (never scheduled) named `<prefix><i>` in `ns`.
+pub async fn pods(client: &Client, ns: &str, prefix: &str, count: usize) -> anyhow::Result<Vec<PodIdentity>> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let made = futures::stream::iter(0..count)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let pod: Pod = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("{prefix}{i}")},
+                    "spec": {"automountServiceAccountToken": false, "containers": [{"name": "app", "image": "leasehold"}]}
+                }))?;
+                let pod = api.create(&PostParams::default(), &pod).await?;
+                Ok::<_, anyhow::Error>(PodIdentity {
+                    name: pod.name_any(),
+                    namespace: ns.into(),
+                    uid: pod.uid().unwrap_or_default(),
+                })
+            }
+        })
+        .buffered(IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await;
+    made.into_iter().collect()
+}
+
+/// Create namespace `ns` (it must not exist) and wait for its default ServiceAccount,
+/// without which a v1.20 API server admits no pod.
+pub async fn namespace(client: &Client, ns: &str) -> anyhow::Result<()> {
+    let obj: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &obj)
+        .await?;
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let until = Instant::now() + Duration::from_secs(60);
+    while sas.get_opt("default").await?.is_none() {
+        anyhow::ensure!(Instant::now() < until, "no default ServiceAccount in {ns} after 60 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// Create `locks` locks (`l0`…) and `claimants` pods in `ns`, and for each lock one claim
+/// per pod, in pod order (claims live [`MAX_LEASE_SECONDS`], so none needs renewing).
+pub async fn prepare(client: &Client, ns: &str, locks: usize, claimants: usize) -> anyhow::Result<Workload> {
+    namespace(client, ns).await?;
+    let pods = pods(client, ns, "c", claimants).await?;
+    let lock_api: Api<DistributedLock> = Api::namespaced(client.clone(), ns);
+    let names: Vec<String> = (0..locks).map(|i| format!("l{i}")).collect();
+    futures::stream::iter(names.iter())
+        .map(|name| {
+            let api = lock_api.clone();
+            let spec = DistributedLockSpec {
+                lease_duration_seconds: 60,
+                ..Default::default()
+            };
+            async move {
+                api.create(&PostParams::default(), &DistributedLock::new(name, spec))
+                    .await
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    let mut claims: HashMap<String, Vec<String>> = HashMap::new();
+    // Claim i of every lock before claim i + 1 of any: the creation second orders them.
+    for pod in &pods {
+        let batch: Vec<(String, Lease)> = names
+            .iter()
+            .map(|lock| {
+                let name = claim_name(lock);
+                (lock.clone(), claim_lease(&name, lock, pod, MAX_LEASE_SECONDS))
+            })
+            .collect();
+        futures::stream::iter(batch.iter())
+            .map(|(_, lease)| {
+                let leases = leases.clone();
+                async move { leases.create(&PostParams::default(), lease).await }
+            })
+            .buffer_unordered(IN_FLIGHT)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        for (lock, lease) in batch {
+            claims.entry(lock).or_default().push(lease.name_any());
+        }
+        // The next claimant's claims must fall in a later second (FIFO's first key).
+        tokio::time::sleep(Duration::from_millis(1001)).await;
+    }
+    Ok(Workload {
+        namespace: ns.into(),
+        claims,
+    })
+}
+
+struct LockRun {
+    next: usize,
+    last_token: i64,
+}
+
+/// Release each grant as soon as the lock's status shows it (`rate`: at most that many
+/// releases per second), until every claim was granted or a grant came out of order;
+/// `deadline` bounds it all.
+pub async fn drive(client: &Client, w: &Workload, rate: Option<f64>, deadline: Duration) -> anyhow::Result<Outcome> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &w.namespace);
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &w.namespace);
+    let total: usize = w.claims.values().map(Vec::len).sum();
+    let mut runs: HashMap<String, LockRun> = w
+        .claims
+        .keys()
+        .map(|k| {
+            let run = LockRun { next: 0, last_token: 0 };
+            (k.clone(), run)
+        })
+        .collect();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+    // When each lock's last release was sent.
+    let sent: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
+    // The releaser: the releases in order, paced when a rate is offered.
+    let releases = tokio::spawn({
+        let (leases, sent) = (leases.clone(), sent.clone());
+        async move {
+            let gate = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+            let pace = rate.map(|r| Duration::from_secs_f64(1.0 / r));
+            let mut next_at = tokio::time::Instant::now();
+            while let Some((lock, claim)) = rx.recv().await {
+                if let Some(p) = pace {
+                    tokio::time::sleep_until(next_at).await;
+                    next_at = next_at.max(tokio::time::Instant::now() - p) + p;
+                }
+                let permit = gate.clone().acquire_owned().await.expect("never closed");
+                let leases = leases.clone();
+                sent.lock().expect("sent lock").insert(lock, Instant::now());
+                tokio::spawn(async move {
+                    let patch = Patch::Merge(release_patch());
+                    if let Err(e) = leases.patch(&claim, &PatchParams::default(), &patch).await {
+                        tracing::warn!(claim, error = %e, "release failed");
+                    }
+                    drop(permit);
+                });
+            }
+        }
+    });
+    let mut out = Outcome::default();
+    let mut events = watcher(locks, watcher::Config::default()).applied_objects().boxed();
+    let started = Instant::now();
+    let end = tokio::time::Instant::now() + deadline;
+    while out.grants < total {
+        let lock = tokio::select! {
+            ev = events.next() => match ev {
+                Some(Ok(lock)) => lock,
+                Some(Err(e)) => { tracing::warn!(error = %e, "lock watch"); continue }
+                None => anyhow::bail!("the lock watch ended"),
+            },
+            _ = tokio::time::sleep_until(end) => anyhow::bail!("{} of {total} grants within {deadline:?}", out.grants),
+        };
+        let name = lock.name_any();
+        let (Some(run), Some(order)) = (runs.get_mut(&name), w.claims.get(&name)) else {
+            continue;
+        };
+        let Some(holder) = lock.status.as_ref().and_then(|s| s.holders.first()) else {
+            continue;
+        };
+        if run.next >= order.len() || holder.claim != order[run.next] {
+            if order[..run.next].contains(&holder.claim) {
+                continue; // a status from before our last release
+            }
+            // Out of order: that lock would wait for ever on a release we never send.
+            out.violations
+                .push(format!("{name}: granted {} out of order", holder.claim));
+            break;
+        }
+        if holder.fencing_token <= run.last_token {
+            out.violations.push(format!(
+                "{name}: token {} after {}",
+                holder.fencing_token, run.last_token
+            ));
+        }
+        let seen = Instant::now();
+        if let Some(at) = sent.lock().expect("sent lock").remove(&name) {
+            out.handoffs.push(seen - at);
+        }
+        out.grants += 1;
+        run.last_token = holder.fencing_token;
+        run.next += 1;
+        let _ = tx.send((name, holder.claim.clone()));
+    }
+    out.elapsed = started.elapsed();
+    drop(tx);
+    let _ = releases.await;
+    Ok(out)
+}
