@@ -14,7 +14,7 @@ import sys
 from collections import defaultdict
 
 VENV = os.path.expanduser("~/.cache/leasehold/tools/plot-venv")
-ORDER = ["floor", "library", "controller", "etcdctl", "run", "pod-gone"]
+ORDER = ["floor", "etcd-library", "library", "controller", "etcdctl", "etcd-run", "run", "pod-gone"]
 
 
 def ensure_matplotlib():
