@@ -67,11 +67,12 @@ pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
             if !ctx.written.delete_now(&ns, claim, std::time::Instant::now()) {
                 continue; // sent already; the watch has not shown it gone yet
             }
-            if let Err(e) = leases.delete(claim, &DeleteParams::default()).await
-                && !matches!(&e, kube::Error::Api(s) if s.is_not_found())
-            {
-                ctx.written.delete_failed(&ns, claim);
-                tracing::warn!(claim, error = %e, "deleting a finished claim failed; will retry");
+            match leases.delete(claim, &DeleteParams::default()).await {
+                Err(e) if !matches!(&e, kube::Error::Api(s) if s.is_not_found()) => {
+                    ctx.written.delete_failed(&ns, claim);
+                    tracing::warn!(claim, error = %e, "deleting a finished claim failed; will retry");
+                }
+                _ => ctx.written.delete_done(&ns, claim),
             }
         }
         publish_events(&ctx, &lock, &actions).await;
@@ -91,9 +92,12 @@ async fn publish_events(ctx: &Context, lock: &DistributedLock, actions: &[crate:
     let ns = lock.namespace().unwrap_or_default();
     let reference = lock.object_ref(&());
     for a in actions {
-        if let Some(ev) = event_for(a, &ns)
-            && let Err(e) = ctx.recorder.publish(&ev, &reference).await
-        {
+        let Some(ev) = event_for(a, &ns) else { continue };
+        if ev.type_ == EventType::Normal && !ctx.event_budget.take(std::time::Instant::now()) {
+            ctx.metrics.events_suppressed.inc();
+            continue;
+        }
+        if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
             tracing::warn!(error = %e, "publishing an event failed");
         }
     }

@@ -18,12 +18,16 @@ pub struct Context {
     pub client: kube::Client,
     /// Claim Leases (those labelled `leasehold.dev/lock`).
     pub leases: Store<Lease>,
+    /// The claims by lock and by pod.
+    pub claims: Arc<super::claims::ClaimIndex>,
     /// Pods, slimmed to name, uid and phase.
     pub pods: Store<Pod>,
     /// What this controller has seen, on its monotonic clock.
     pub tracker: Arc<Mutex<Tracker>>,
     /// Publishes Kubernetes events.
     pub recorder: Recorder,
+    /// How many Normal events may go now.
+    pub event_budget: super::budget::Budget,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
     /// This controller's status writes its lock watch has not shown yet.

@@ -78,6 +78,8 @@ pub struct Metrics {
     pub reconcile_seconds: Histogram,
     /// Errors by category.
     pub errors: Family<CategoryLabels, Counter>,
+    /// Normal events not published: over the event budget.
+    pub events_suppressed: Counter,
     /// 1 while this replica leads (or runs without election), else 0.
     pub leader: Gauge,
     /// Set once the controller's caches are synced (or it is a ready standby).
@@ -103,6 +105,7 @@ impl Default for Metrics {
         let handoff_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let reconcile_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let errors = Family::<CategoryLabels, Counter>::default();
+        let events_suppressed = Counter::default();
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -130,6 +133,11 @@ impl Default for Metrics {
         );
         registry.register("reconcile_seconds", "Seconds per reconcile", reconcile_seconds.clone());
         registry.register("errors", "Reconcile errors by category", errors.clone());
+        registry.register(
+            "events_suppressed",
+            "Normal events not published: over the event budget",
+            events_suppressed.clone(),
+        );
         Metrics {
             grants,
             revocations,
@@ -139,6 +147,7 @@ impl Default for Metrics {
             handoff_seconds,
             reconcile_seconds,
             errors,
+            events_suppressed,
             leader,
             ready: AtomicBool::new(false),
             locks: Mutex::default(),

@@ -7,6 +7,8 @@
 //! lock's reconcile; time-based transitions requeue at the next deadline.
 
 mod apply;
+pub mod budget;
+pub mod claims;
 pub mod context;
 pub mod etcd;
 mod http;

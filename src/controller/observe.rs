@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::context::Context;
 use super::tracker::{Tracker, pod_stopped};
@@ -48,7 +48,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     let mut warnings = Vec::new();
     let mut released_seen = Vec::new();
     let mut expired_claims = Vec::new();
-    let leases = claims_of(&ctx.leases, lock);
+    let leases = claims_of(ctx, lock);
     for lease_obj in &leases {
         let (pod, uid) = match claim::validate_claim(lease_obj) {
             Ok(ok) => ok,
@@ -169,13 +169,14 @@ fn holder_lease(spec: Duration, holder: &Holder) -> Duration {
     spec.max(Duration::from_secs(own as u64))
 }
 
-/// The claims of one lock, from the store.
-pub fn claims_of(store: &Store<Lease>, lock: &DistributedLock) -> Vec<Arc<Lease>> {
-    let (ns, name) = (lock.namespace(), lock.name_any());
-    store
-        .state()
+/// The claims of one lock: the index names them, the store holds them.
+pub fn claims_of(ctx: &Context, lock: &DistributedLock) -> Vec<Arc<Lease>> {
+    let (ns, name) = (lock.namespace().unwrap_or_default(), lock.name_any());
+    ctx.claims
+        .of_lock(&ns, &name)
         .into_iter()
-        .filter(|l| l.namespace() == ns && claim::claim_lock(l) == Some(name.as_str()))
+        .filter_map(|claim| ctx.leases.get(&ObjectRef::new(&claim).within(&ns)))
+        .filter(|l| claim::claim_lock(l) == Some(name.as_str()))
         .collect()
 }
 

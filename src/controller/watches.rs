@@ -49,14 +49,17 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         .applied_objects();
     let controller = Controller::for_stream(locks, lock_store.clone());
 
-    let t = tracker.clone();
+    let claims = Arc::new(super::claims::ClaimIndex::default());
+    let (t, index) = (tracker.clone(), claims.clone());
     let leases = watcher(
         opts.api::<Lease>(&client),
         watcher::Config::default().labels(protocol::LOCK_LABEL),
     )
     .default_backoff()
+    .modify(|lease| lease.metadata.managed_fields = None) // never read; most of a claim's bytes
     .reflect(lease_writer)
     .inspect_ok(move |ev| {
+        index.apply(ev);
         let mut t = t.lock().expect("tracker lock poisoned");
         match ev {
             watcher::Event::Apply(l) | watcher::Event::InitApply(l) => t.observe(l, Instant::now()),
@@ -84,16 +87,18 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
     let ctx = Arc::new(Context {
         client: client.clone(),
         leases: lease_store.clone(),
+        claims: claims.clone(),
         pods: pod_store.clone(),
         tracker,
         recorder,
+        event_budget: Default::default(),
         metrics: metrics.clone(),
         written: Default::default(),
         mirrors,
         synced: synced_rx,
     });
-    let (ls, lc, ctx2, ctx3) = (lock_store.clone(), lease_store.clone(), ctx.clone(), ctx.clone());
-    let pod_locks = move |pod: Pod| locks_of_pod(&pod, &ls, &lc);
+    let (ls, ctx2, ctx3) = (lock_store.clone(), ctx.clone(), ctx.clone());
+    let pod_locks = move |pod: Pod| locks_of_pod(&pod, &ls, &claims);
     let ready = {
         let (l, p, m, k) = (
             lease_store.clone(),
@@ -168,16 +173,18 @@ fn lock_of_claim(
 }
 
 /// The locks whose claims or status mention a pod.
-fn locks_of_pod(pod: &Pod, locks: &Store<DistributedLock>, leases: &Store<Lease>) -> Vec<ObjectRef<DistributedLock>> {
+fn locks_of_pod(
+    pod: &Pod,
+    locks: &Store<DistributedLock>,
+    claims: &super::claims::ClaimIndex,
+) -> Vec<ObjectRef<DistributedLock>> {
     let (Some(ns), name) = (pod.namespace(), pod.name_any()) else {
         return Vec::new();
     };
-    let mut out: Vec<ObjectRef<DistributedLock>> = leases
-        .state()
-        .iter()
-        .filter(|l| l.namespace().as_deref() == Some(&ns))
-        .filter(|l| l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(&name))
-        .filter_map(|l| protocol::claim::claim_lock(l).map(|lock| ObjectRef::new(lock).within(&ns)))
+    let mut out: Vec<ObjectRef<DistributedLock>> = claims
+        .locks_of_pod(&ns, &name)
+        .into_iter()
+        .map(|lock| ObjectRef::new(&lock).within(&ns))
         .collect();
     for lock in locks.state().iter().filter(|l| l.namespace().as_deref() == Some(&ns)) {
         let Some(st) = lock.status.as_ref() else { continue };

@@ -19,12 +19,16 @@ use crate::api::DistributedLock;
 /// still showing then means it failed or was lost).
 pub const DELETE_RETRY: Duration = Duration::from_secs(5);
 
+/// How long a claim deletion the API server answered is remembered: a claim the watch
+/// still shows after that is deleted again (one 404 at worst).
+pub const DELETED_MEMORY: Duration = Duration::from_secs(30);
+
 /// Per lock: the resourceVersion a write replaced, and the object it wrote; per claim
-/// (namespace, name): when its deletion was sent.
+/// (namespace, name): when its deletion was sent, and whether the API server took it.
 #[derive(Default)]
 pub struct Written {
     statuses: Mutex<HashMap<(String, String), (String, DistributedLock)>>,
-    deletes: Mutex<HashMap<(String, String), Instant>>,
+    deletes: Mutex<HashMap<(String, String), (Instant, bool)>>,
 }
 
 fn key(lock: &DistributedLock) -> (String, String) {
@@ -57,19 +61,30 @@ impl Written {
         };
     }
 
-    /// Whether to send the deletion of claim `name` in `ns` now: not while one sent less
-    /// than [`DELETE_RETRY`] ago may still be under way (every reconcile until the
-    /// watch shows the claim gone plans its deletion again). Records the send.
+    /// Whether to send the deletion of claim `name` in `ns` now (every reconcile until
+    /// the watch shows the claim gone plans its deletion again): not once the API server
+    /// took one (for [`DELETED_MEMORY`]: a lagging watch costs no second DELETE), nor
+    /// while one sent less than [`DELETE_RETRY`] ago may still be under way. Records
+    /// the send.
     pub fn delete_now(&self, ns: &str, name: &str, now: Instant) -> bool {
         let mut sent = self.deletes.lock().expect("written lock poisoned");
-        sent.retain(|_, at| now.saturating_duration_since(*at) < 6 * DELETE_RETRY);
+        sent.retain(|_, (at, _)| now.saturating_duration_since(*at) < DELETED_MEMORY);
         let key = (ns.to_string(), name.to_string());
         match sent.get(&key) {
-            Some(at) if now.saturating_duration_since(*at) < DELETE_RETRY => false,
+            Some((_, true)) => false,
+            Some((at, false)) if now.saturating_duration_since(*at) < DELETE_RETRY => false,
             _ => {
-                sent.insert(key, now);
+                sent.insert(key, (now, false));
                 true
             }
+        }
+    }
+
+    /// The API server took a deletion (or the claim was gone already).
+    pub fn delete_done(&self, ns: &str, name: &str) {
+        let mut sent = self.deletes.lock().expect("written lock poisoned");
+        if let Some(entry) = sent.get_mut(&(ns.to_string(), name.to_string())) {
+            entry.1 = true;
         }
     }
 
@@ -132,6 +147,25 @@ mod tests {
             w.delete_now("ns", "c", t0 + DELETE_RETRY),
             "retried once it may have failed"
         );
+    }
+
+    #[test]
+    fn a_deletion_the_api_server_took_is_not_sent_again_while_the_watch_lags() {
+        let w = Written::default();
+        let t0 = Instant::now();
+        assert!(w.delete_now("ns", "c", t0));
+        w.delete_done("ns", "c");
+        assert!(
+            !w.delete_now("ns", "c", t0 + 4 * DELETE_RETRY),
+            "taken: no second DELETE"
+        );
+        assert!(
+            w.delete_now("ns", "c", t0 + DELETED_MEMORY),
+            "remembered for a while, not for ever"
+        );
+        // A failed one is retried by the next reconcile.
+        w.delete_failed("ns", "c");
+        assert!(w.delete_now("ns", "c", t0 + DELETED_MEMORY));
     }
 
     #[test]

@@ -1,0 +1,169 @@
+//! Claim Leases indexed by the lock they name and by their pod, kept from the claim
+//! watch's events: a reconcile reads its own lock's claims, and a pod event finds the
+//! locks its claims name, without scanning every claim in the cluster.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::runtime::watcher::Event;
+
+use crate::protocol::claim;
+
+/// (namespace, name).
+type Key = (String, String);
+
+#[derive(Default)]
+struct Maps {
+    /// Claim → (its lock, its pod).
+    claims: HashMap<Key, (String, String)>,
+    /// (namespace, lock) → its claims.
+    by_lock: HashMap<Key, BTreeSet<String>>,
+    /// (namespace, pod) → its claims.
+    by_pod: HashMap<Key, BTreeSet<String>>,
+}
+
+impl Maps {
+    fn insert(&mut self, lease: &Lease) {
+        let (Some(ns), name) = (lease.namespace(), lease.name_any()) else {
+            return;
+        };
+        self.remove(&ns, &name);
+        let Some(lock) = claim::claim_lock(lease) else { return };
+        let pod = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .unwrap_or_default();
+        self.by_lock
+            .entry((ns.clone(), lock.to_string()))
+            .or_default()
+            .insert(name.clone());
+        self.by_pod
+            .entry((ns.clone(), pod.clone()))
+            .or_default()
+            .insert(name.clone());
+        self.claims.insert((ns, name), (lock.to_string(), pod));
+    }
+
+    fn remove(&mut self, ns: &str, name: &str) {
+        let Some((lock, pod)) = self.claims.remove(&(ns.to_string(), name.to_string())) else {
+            return;
+        };
+        for (map, key) in [(&mut self.by_lock, lock), (&mut self.by_pod, pod)] {
+            let key = (ns.to_string(), key);
+            if let Some(set) = map.get_mut(&key) {
+                set.remove(name);
+                if set.is_empty() {
+                    map.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+/// The index; feed it every claim-watch event with [`ClaimIndex::apply`].
+#[derive(Default)]
+pub struct ClaimIndex {
+    live: Mutex<Maps>,
+    /// The maps being rebuilt by a relist, swapped in when it is done (claims deleted
+    /// while the watch was down get no delete event).
+    relist: Mutex<Option<Maps>>,
+}
+
+impl ClaimIndex {
+    /// Take in one watch event.
+    pub fn apply(&self, event: &Event<Lease>) {
+        match event {
+            Event::Apply(l) => self.live.lock().expect("index lock poisoned").insert(l),
+            Event::Delete(l) => {
+                let (ns, name) = (l.namespace().unwrap_or_default(), l.name_any());
+                self.live.lock().expect("index lock poisoned").remove(&ns, &name);
+            }
+            Event::Init => *self.relist.lock().expect("index lock poisoned") = Some(Maps::default()),
+            Event::InitApply(l) => {
+                if let Some(maps) = self.relist.lock().expect("index lock poisoned").as_mut() {
+                    maps.insert(l);
+                }
+            }
+            Event::InitDone => {
+                if let Some(maps) = self.relist.lock().expect("index lock poisoned").take() {
+                    *self.live.lock().expect("index lock poisoned") = maps;
+                }
+            }
+        }
+    }
+
+    /// The names of the claims that name lock `lock` in `ns`.
+    pub fn of_lock(&self, ns: &str, lock: &str) -> Vec<String> {
+        let maps = self.live.lock().expect("index lock poisoned");
+        let set = maps.by_lock.get(&(ns.to_string(), lock.to_string()));
+        set.map(|s| s.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// The locks named by the claims of pod `pod` in `ns`.
+    pub fn locks_of_pod(&self, ns: &str, pod: &str) -> Vec<String> {
+        let maps = self.live.lock().expect("index lock poisoned");
+        let Some(claims) = maps.by_pod.get(&(ns.to_string(), pod.to_string())) else {
+            return Vec::new();
+        };
+        let locks = claims
+            .iter()
+            .filter_map(|c| maps.claims.get(&(ns.to_string(), c.clone())));
+        let mut out: Vec<String> = locks.map(|(lock, _)| lock.clone()).collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::claim::{PodIdentity, claim_lease};
+
+    fn lease(name: &str, lock: &str, pod: &str) -> Lease {
+        let id = PodIdentity {
+            name: pod.into(),
+            namespace: "ns".into(),
+            uid: format!("uid-{pod}"),
+        };
+        claim_lease(name, lock, &id, 10)
+    }
+
+    #[test]
+    fn claims_are_found_by_lock_and_by_pod_and_forgotten_when_deleted() {
+        let index = ClaimIndex::default();
+        index.apply(&Event::Apply(lease("c1", "l1", "a")));
+        index.apply(&Event::Apply(lease("c2", "l1", "b")));
+        index.apply(&Event::Apply(lease("c3", "l2", "a")));
+        assert_eq!(index.of_lock("ns", "l1"), ["c1", "c2"]);
+        assert_eq!(index.locks_of_pod("ns", "a"), ["l1", "l2"]);
+        assert!(index.of_lock("other", "l1").is_empty(), "namespaces are apart");
+        index.apply(&Event::Delete(lease("c1", "l1", "a")));
+        assert_eq!(index.of_lock("ns", "l1"), ["c2"]);
+        assert_eq!(index.locks_of_pod("ns", "a"), ["l2"]);
+    }
+
+    #[test]
+    fn a_relabelled_claim_moves_and_a_relist_drops_what_went_unseen() {
+        let index = ClaimIndex::default();
+        index.apply(&Event::Apply(lease("c1", "l1", "a")));
+        index.apply(&Event::Apply(lease("c1", "l2", "a")));
+        assert!(index.of_lock("ns", "l1").is_empty());
+        assert_eq!(index.of_lock("ns", "l2"), ["c1"]);
+        index.apply(&Event::Apply(lease("gone", "l2", "b")));
+        // A relist that no longer shows `gone` (deleted while the watch was down).
+        index.apply(&Event::Init);
+        index.apply(&Event::InitApply(lease("c1", "l2", "a")));
+        assert_eq!(
+            index.of_lock("ns", "l2"),
+            ["c1", "gone"],
+            "the old view serves until the relist is done"
+        );
+        index.apply(&Event::InitDone);
+        assert_eq!(index.of_lock("ns", "l2"), ["c1"]);
+        assert!(index.locks_of_pod("ns", "b").is_empty());
+    }
+}
