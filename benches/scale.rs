@@ -6,10 +6,12 @@
 //! is released as soon as it is seen — flat out, then at an offered release rate. It
 //! prints grants/s, release → next grant p50/p90/p99, the controller's peak RSS and CPU
 //! seconds, and API writes per grant by verb and resource from the API server's own
-//! `/metrics`; and, first, what the unrelated pods cost the controller's memory.
+//! `/metrics`; and, first, what the unrelated pods cost the controller's memory. Then
+//! the etcd backend's rows (`--etcd-locks`): in-process clients on the control plane's
+//! etcd, each acquiring once and releasing at once; the controller only mirrors.
 //!
 //! ```sh
-//! cargo bench --bench scale                                   # (10, 100, 1000) × 10, 2000 pods
+//! cargo bench --bench scale                                   # (10, 100, 1000) × 10, 2000 pods; etcd (10, 100) × 10
 //! cargo bench --bench scale -- --locks 10,100 --pods 500 --rate 50
 //! ```
 
@@ -19,7 +21,7 @@ mod stats;
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube::Client;
 use leasehold::dev::scale::{self, Outcome};
@@ -34,6 +36,8 @@ struct Args {
     claimants: usize,
     pods: usize,
     rate: f64,
+    /// Lock counts for the etcd backend's rows (on the control plane's etcd).
+    etcd_locks: Vec<usize>,
 }
 
 fn args() -> Option<Args> {
@@ -52,6 +56,11 @@ fn args() -> Option<Args> {
         claimants: value("--claimants").and_then(|v| v.parse().ok()).unwrap_or(10),
         pods: value("--pods").and_then(|v| v.parse().ok()).unwrap_or(2000),
         rate: value("--rate").and_then(|v| v.parse().ok()).unwrap_or(100.0),
+        etcd_locks: value("--etcd-locks")
+            .unwrap_or_else(|| "10,100".into())
+            .split(',')
+            .filter_map(|v| v.parse().ok())
+            .collect(),
     })
 }
 
@@ -146,7 +155,64 @@ async fn measure(args: &Args, kubeconfig: &Path) -> anyhow::Result<()> {
             run(&client, kubeconfig, &ns, locks, args.claimants, rate).await?;
         }
     }
+    let etcd = leasehold::dev::etcd_endpoint(kubeconfig)?;
+    for &locks in &args.etcd_locks {
+        run_etcd(&client, kubeconfig, &etcd, locks, args.claimants).await?;
+    }
     Ok(())
+}
+
+/// The etcd backend's row: in-process clients on the control plane's etcd; the
+/// controller only mirrors (its writes are status writes).
+async fn run_etcd(
+    client: &Client,
+    kubeconfig: &Path,
+    etcd: &str,
+    locks: usize,
+    claimants: usize,
+) -> anyhow::Result<()> {
+    let ns = format!("scale-etcd-{locks}x{claimants}");
+    let before = stats::api_writes(client).await?;
+    let controller = Controller::start(kubeconfig)?;
+    let out = scale::drive_etcd(client, &ns, etcd, locks, claimants, RUN_DEADLINE).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await; // the mirror's last status writes
+    let (peak, _) = controller.rss_kib();
+    let cpu = controller.cpu_seconds();
+    let after = stats::api_writes(client).await?;
+    drop(controller);
+    let (writes, parts) = stats::writes_per_grant(&before, &after, out.grants);
+    report(
+        &format!("{locks:>5} locks × {claimants} (etcd backend, flat out)"),
+        &out,
+        peak,
+        cpu,
+        writes,
+        &parts,
+    );
+    Ok(())
+}
+
+fn report(what: &str, out: &Outcome, peak_kib: u64, cpu: f64, writes: f64, parts: &str) {
+    let handoffs = Series::new("handoff", "", out.handoffs.clone());
+    println!(
+        "{what}: {} grants, {:.1} grants/s, release→grant p50 {:.1} ms p90 {:.1} ms p99 {:.1} ms, \
+         controller peak RSS {:.1} MiB, CPU {:.1} s ({:.2} ms/grant), {writes:.2} API writes/grant [{parts}], \
+         {} violations{}",
+        out.grants,
+        out.grants as f64 / out.elapsed.as_secs_f64(),
+        handoffs.quantile(0.5),
+        handoffs.quantile(0.9),
+        handoffs.quantile(0.99),
+        peak_kib as f64 / 1024.0,
+        cpu,
+        cpu * 1000.0 / out.grants.max(1) as f64,
+        out.violations.len(),
+        if out.violations.is_empty() {
+            String::new()
+        } else {
+            format!(": {:?}", &out.violations[..out.violations.len().min(3)])
+        },
+    );
 }
 
 async fn run(
@@ -160,34 +226,20 @@ async fn run(
     let workload = scale::prepare(client, ns, locks, claimants).await?;
     let before = stats::api_writes(client).await?;
     let controller = Controller::start(kubeconfig)?;
-    let started = Instant::now();
     let out: Outcome = scale::drive(client, &workload, rate, RUN_DEADLINE).await?;
     let (peak, _) = controller.rss_kib();
     let cpu = controller.cpu_seconds();
     let after = stats::api_writes(client).await?;
     drop(controller);
     let (writes, parts) = stats::writes_per_grant(&before, &after, out.grants);
-    let handoffs = Series::new("handoff", "", out.handoffs.clone());
     let offered = rate.map_or("flat out".to_string(), |r| format!("{r}/s offered"));
-    println!(
-        "{locks:>5} locks × {claimants} ({offered:>12}): {} grants, {:.1} grants/s, release→grant p50 {:.1} ms p90 {:.1} ms p99 {:.1} ms, \
-         controller peak RSS {:.1} MiB, CPU {:.1} s ({:.2} ms/grant), {writes:.2} API writes/grant [{parts}], \
-         {} violations{}",
-        out.grants,
-        out.grants as f64 / out.elapsed.as_secs_f64(),
-        handoffs.quantile(0.5),
-        handoffs.quantile(0.9),
-        handoffs.quantile(0.99),
-        peak as f64 / 1024.0,
+    report(
+        &format!("{locks:>5} locks × {claimants} ({offered:>12})"),
+        &out,
+        peak,
         cpu,
-        cpu * 1000.0 / out.grants.max(1) as f64,
-        out.violations.len(),
-        if out.violations.is_empty() {
-            String::new()
-        } else {
-            format!(": {:?}", &out.violations[..out.violations.len().min(3)])
-        },
+        writes,
+        &parts,
     );
-    let _ = started;
     Ok(())
 }

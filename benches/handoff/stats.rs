@@ -106,10 +106,11 @@ pub fn writes_per_grant(
     let mut parts = Vec::new();
     for (key, n) in after {
         let d = n - before.get(key).copied().unwrap_or(0.0);
-        // Claim creation is the claimant's, not the grant's; the rest (namespaces, pods,
-        // the kube-controller-manager's ServiceAccounts) is the benchmark's setup.
+        // Claim creation is the claimant's, not the grant's; the rest (locks, namespaces,
+        // pods, the kube-controller-manager's ServiceAccounts) is the benchmark's setup.
         let counted = ["leases", "distributedlocks", "events"].contains(&key.1.as_str());
-        if d <= 0.0 || !counted || (key.0 == "POST" && key.1 == "leases") {
+        let created = key.0 == "POST" && (key.1 == "leases" || key.1 == "distributedlocks");
+        if d <= 0.0 || !counted || created {
             continue;
         }
         total += d;

@@ -239,3 +239,104 @@ pub async fn drive(client: &Client, w: &Workload, rate: Option<f64>, deadline: D
     let _ = releases.await;
     Ok(out)
 }
+
+/// Per lock: when each grant (with its token) and each release (`None`) happened.
+type Marks = HashMap<String, Vec<(Instant, Option<i64>)>>;
+
+/// The etcd backend's workload: `locks` etcd-backed locks (claims under `prefix` on the
+/// etcd at `etcd`) and `claimants` in-process clients each, every one acquiring its
+/// lock once and releasing at once. Grants are etcd's: checked per lock for strictly
+/// increasing tokens (create revisions, so FIFO by creation), handoff = `release()`
+/// called → the lock's next `acquire()` returned.
+pub async fn drive_etcd(
+    client: &Client,
+    ns: &str,
+    etcd: &str,
+    locks: usize,
+    claimants: usize,
+    deadline: Duration,
+) -> anyhow::Result<Outcome> {
+    use crate::api::{Backend, EtcdBackend};
+    namespace(client, ns).await?;
+    let ids = pods(client, ns, "c", claimants).await?;
+    let lock_api: Api<DistributedLock> = Api::namespaced(client.clone(), ns);
+    for i in 0..locks {
+        let spec = DistributedLockSpec {
+            lease_duration_seconds: 60,
+            backend: Some(Backend {
+                etcd: Some(EtcdBackend {
+                    endpoints: vec![etcd.into()],
+                    key_prefix: Some(format!("/leasehold-scale-{ns}")),
+                    tls_secret_ref: None,
+                }),
+            }),
+            ..Default::default()
+        };
+        lock_api
+            .create(&PostParams::default(), &DistributedLock::new(&format!("l{i}"), spec))
+            .await?;
+    }
+    // Per lock, in the order they happened: grants (with their token) and releases.
+    let marks: Arc<std::sync::Mutex<Marks>> = Arc::default();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..locks {
+        for id in &ids {
+            let (client, marks, name) = (client.clone(), marks.clone(), format!("l{i}"));
+            let lock = crate::client::Lock::builder(client, ns, &name)
+                .identity(id.clone())
+                .build()?;
+            tasks.spawn(async move {
+                let guard = lock.acquire().await?;
+                let token = guard.fencing_token();
+                marks
+                    .lock()
+                    .expect("marks")
+                    .entry(name.clone())
+                    .or_default()
+                    .push((Instant::now(), Some(token)));
+                marks
+                    .lock()
+                    .expect("marks")
+                    .entry(name)
+                    .or_default()
+                    .push((Instant::now(), None));
+                guard.release().await?;
+                Ok::<_, anyhow::Error>(())
+            });
+        }
+    }
+    let all = async {
+        while let Some(done) = tasks.join_next().await {
+            done??;
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    tokio::time::timeout(deadline, all)
+        .await
+        .map_err(|_| anyhow::anyhow!("not every claimant held its lock within {deadline:?}"))??;
+    let mut out = Outcome {
+        elapsed: started.elapsed(),
+        ..Default::default()
+    };
+    for (name, marks) in marks.lock().expect("marks").iter() {
+        let mut last_token = 0;
+        let mut released: Option<Instant> = None;
+        for (at, token) in marks {
+            match token {
+                Some(t) => {
+                    out.grants += 1;
+                    if *t <= last_token {
+                        out.violations.push(format!("{name}: token {t} after {last_token}"));
+                    }
+                    last_token = *t;
+                    if let Some(r) = released.take() {
+                        out.handoffs.push(at.saturating_duration_since(r));
+                    }
+                }
+                None => released = Some(*at),
+            }
+        }
+    }
+    Ok(out)
+}
