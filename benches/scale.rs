@@ -41,15 +41,8 @@ struct Args {
 }
 
 fn args() -> Option<Args> {
-    let argv: Vec<String> = std::env::args().collect();
-    if !argv.iter().any(|a| a == "--bench") {
-        return None;
-    }
-    let value = |flag: &str| {
-        argv.iter()
-            .position(|a| a == flag)
-            .and_then(|i| argv.get(i + 1).cloned())
-    };
+    let argv = stats::bench_args()?;
+    let value = |f: &str| stats::flag(&argv, f);
     let locks = value("--locks").unwrap_or_else(|| "10,100,1000".into());
     Some(Args {
         locks: locks.split(',').filter_map(|v| v.parse().ok()).collect(),
@@ -176,23 +169,24 @@ async fn run_etcd(
     let controller = Controller::start(kubeconfig)?;
     let out = scale::drive_etcd(client, &ns, etcd, locks, claimants, RUN_DEADLINE).await?;
     tokio::time::sleep(Duration::from_secs(2)).await; // the mirror's last status writes
-    let (peak, _) = controller.rss_kib();
+    let what = format!("{locks:>5} locks × {claimants} (etcd backend, flat out)");
+    report(client, controller, &before, &out, &what).await
+}
+
+/// Stop the run's controller and print its row: `before` is the API server's write
+/// counters from before the run.
+async fn report(
+    client: &Client,
+    controller: Controller,
+    before: &std::collections::BTreeMap<(String, String), f64>,
+    out: &Outcome,
+    what: &str,
+) -> anyhow::Result<()> {
+    let (peak_kib, _) = controller.rss_kib();
     let cpu = controller.cpu_seconds();
     let after = stats::api_writes(client).await?;
     drop(controller);
-    let (writes, parts) = stats::writes_per_grant(&before, &after, out.grants);
-    report(
-        &format!("{locks:>5} locks × {claimants} (etcd backend, flat out)"),
-        &out,
-        peak,
-        cpu,
-        writes,
-        &parts,
-    );
-    Ok(())
-}
-
-fn report(what: &str, out: &Outcome, peak_kib: u64, cpu: f64, writes: f64, parts: &str) {
+    let (writes, parts) = stats::writes_per_grant(before, &after, out.grants);
     let handoffs = Series::new("handoff", "", out.handoffs.clone());
     println!(
         "{what}: {} grants, {:.1} grants/s, release→grant p50 {:.1} ms p90 {:.1} ms p99 {:.1} ms, \
@@ -213,6 +207,7 @@ fn report(what: &str, out: &Outcome, peak_kib: u64, cpu: f64, writes: f64, parts
             format!(": {:?}", &out.violations[..out.violations.len().min(3)])
         },
     );
+    Ok(())
 }
 
 async fn run(
@@ -227,19 +222,7 @@ async fn run(
     let before = stats::api_writes(client).await?;
     let controller = Controller::start(kubeconfig)?;
     let out: Outcome = scale::drive(client, &workload, rate, RUN_DEADLINE).await?;
-    let (peak, _) = controller.rss_kib();
-    let cpu = controller.cpu_seconds();
-    let after = stats::api_writes(client).await?;
-    drop(controller);
-    let (writes, parts) = stats::writes_per_grant(&before, &after, out.grants);
     let offered = rate.map_or("flat out".to_string(), |r| format!("{r}/s offered"));
-    report(
-        &format!("{locks:>5} locks × {claimants} ({offered:>12})"),
-        &out,
-        peak,
-        cpu,
-        writes,
-        &parts,
-    );
-    Ok(())
+    let what = format!("{locks:>5} locks × {claimants} ({offered:>12})");
+    report(client, controller, &before, &out, &what).await
 }

@@ -42,15 +42,8 @@ struct Args {
 }
 
 fn args() -> Option<Args> {
-    let argv: Vec<String> = std::env::args().collect();
-    if !argv.iter().any(|a| a == "--bench") {
-        return None;
-    }
-    let value = |flag: &str| {
-        argv.iter()
-            .position(|a| a == flag)
-            .and_then(|i| argv.get(i + 1).cloned())
-    };
+    let argv = stats::bench_args()?;
+    let value = |f: &str| stats::flag(&argv, f);
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
     Some(Args {
         rounds: value("--rounds").and_then(|v| v.parse().ok()).unwrap_or(200),

@@ -4,6 +4,20 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
+/// The program's arguments when run as a benchmark (`--bench`: `cargo bench`), else
+/// `None` (`cargo test` runs every bench target once, as a test).
+pub fn bench_args() -> Option<Vec<String>> {
+    let argv: Vec<String> = std::env::args().collect();
+    argv.iter().any(|a| a == "--bench").then_some(argv)
+}
+
+/// The argument after `flag`.
+pub fn flag(argv: &[String], flag: &str) -> Option<String> {
+    argv.iter()
+        .position(|a| a == flag)
+        .and_then(|i| argv.get(i + 1).cloned())
+}
+
 /// One measured path: its name, what it measures, and its samples.
 pub struct Series {
     pub key: &'static str,

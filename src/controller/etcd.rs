@@ -19,7 +19,7 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::{mpsc, watch};
 
 use super::context::Context;
-use super::reconcile::{Error, MAX_CONFLICT_RETRIES, Trouble, Wrote, with_conditions, write_status};
+use super::reconcile::{Error, MAX_CONFLICT_RETRIES, Step, Trouble, with_conditions, write_status};
 use crate::api::{DistributedLock, EtcdBackend, RevokeReason};
 use crate::decide::{Action, ActionKind};
 use crate::etcd::keys::{ClaimValue, claim_of, lock_prefix};
@@ -258,17 +258,12 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>, backend: E
             View::Connecting => return Ok(Requeue::await_change()), // the mirror triggers when it knows
             View::Failed(why) => (old.clone(), Vec::new(), Some(Trouble::etcd(why)), None),
         };
-        let mut next = current.clone();
-        next.status = Some(with_conditions(&current, status, trouble.as_ref()));
-        match write_status(&ctx, &api, &current, &next).await? {
-            Wrote::Written => {}
-            Wrote::Conflict(fresh) => {
-                current = *fresh;
-                continue;
-            }
-            Wrote::LockGone => return Ok(Requeue::await_change()),
+        let new = with_conditions(&current, status, trouble.as_ref());
+        match write_status(&ctx, &api, &mut current, new.clone()).await? {
+            Step::Go => {}
+            Step::Again => continue,
+            Step::Stop => return Ok(Requeue::await_change()),
         }
-        let new = next.status.clone().unwrap_or_default();
         let was = |s: &crate::api::DistributedLockStatus| {
             s.conditions
                 .iter()

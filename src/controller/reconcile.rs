@@ -85,20 +85,12 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
             continue; // the watch lags: plan again with what the fresh reads showed
         }
         publish_warnings(&ctx, &plan.warnings);
-        let mut next = current.clone();
         let trouble = (plan.rejected > 0).then(|| Trouble::rejected(plan.rejected));
-        next.status = Some(with_conditions(
-            &current,
-            plan.decision.status.clone(),
-            trouble.as_ref(),
-        ));
-        match write_status(&ctx, &api, &current, &next).await? {
-            Wrote::Written => {}
-            Wrote::Conflict(fresh) => {
-                current = *fresh;
-                continue;
-            }
-            Wrote::LockGone => return Ok(Requeue::await_change()),
+        let status = with_conditions(&current, plan.decision.status.clone(), trouble.as_ref());
+        match write_status(&ctx, &api, &mut current, status).await? {
+            Step::Go => {}
+            Step::Again => continue,
+            Step::Stop => return Ok(Requeue::await_change()),
         }
         after_write(&ctx, &current, &plan);
         ctx.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
@@ -114,40 +106,43 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
     Err(Error::Conflicts(name))
 }
 
-/// What writing a lock's status came to.
-pub enum Wrote {
-    /// Written (or nothing to write).
-    Written,
-    /// Someone wrote first: the lock as it is now, to decide again from.
-    Conflict(Box<DistributedLock>),
-    /// The lock is gone.
-    LockGone,
+/// What a reconcile does after writing a lock's status.
+pub enum Step {
+    /// Written (or nothing to write): go on.
+    Go,
+    /// Someone wrote first: decide again from the lock as it is now (re-read).
+    Again,
+    /// The lock is gone: stop.
+    Stop,
 }
 
-/// Write `next`'s status over `current` (unless unchanged), with `current`'s
-/// resourceVersion as the precondition, and remember the write for the next reconcile.
+/// Write `status` over `current`'s (unless unchanged), with `current`'s resourceVersion
+/// as the precondition, and remember the write for the next reconcile. On a conflict
+/// `current` becomes the lock as re-read.
 pub async fn write_status(
     ctx: &Context,
     api: &Api<DistributedLock>,
-    current: &DistributedLock,
-    next: &DistributedLock,
-) -> Result<Wrote, Error> {
-    if next.status == current.status {
-        return Ok(Wrote::Written);
+    current: &mut DistributedLock,
+    status: DistributedLockStatus,
+) -> Result<Step, Error> {
+    if current.status.as_ref() == Some(&status) {
+        return Ok(Step::Go);
     }
     let name = current.name_any();
-    match api.replace_status(&name, &PostParams::default(), next).await {
+    let mut next = current.clone();
+    next.status = Some(status);
+    match api.replace_status(&name, &PostParams::default(), &next).await {
         Ok(written) => {
             ctx.written.record(current.metadata.resource_version.clone(), written);
-            Ok(Wrote::Written)
+            Ok(Step::Go)
         }
         Err(kube::Error::Api(s)) if s.is_conflict() => {
-            let fresh = api.get(&name).await.map_err(|e| Error::Reread(name.clone(), e))?;
-            Ok(Wrote::Conflict(Box::new(fresh)))
+            *current = api.get(&name).await.map_err(|e| Error::Reread(name.clone(), e))?;
+            Ok(Step::Again)
         }
         Err(kube::Error::Api(s)) if s.is_not_found() => {
             ctx.written.forget(current);
-            Ok(Wrote::LockGone)
+            Ok(Step::Stop)
         }
         Err(e) => Err(Error::WriteStatus(name, e)),
     }
