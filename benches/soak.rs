@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use leasehold::api::{DistributedLock, DistributedLockSpec};
@@ -195,21 +195,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn setup(client: &Client, lease: i32) -> anyhow::Result<()> {
-    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": NS}}))?;
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await?;
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
-    let end = Instant::now() + Duration::from_secs(60);
-    while sas
-        .get_opt("default")
-        .await?
-        .and_then(|s| s.secrets)
-        .is_none_or(|s| s.is_empty())
-    {
-        anyhow::ensure!(Instant::now() < end, "the default ServiceAccount got no token");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    leasehold::dev::scale::namespace(client, NS).await?;
     let lock = DistributedLock::new(
         "l",
         DistributedLockSpec {

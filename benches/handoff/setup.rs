@@ -1,8 +1,6 @@
 //! Namespaces, locks and pods for the benchmark's paths.
 
-use std::time::Duration;
-
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use leasehold::api::{Backend, DistributedLock, DistributedLockSpec, EtcdBackend};
@@ -25,14 +23,7 @@ pub async fn namespace_on(client: &Client, name: &str, lease_seconds: i32, etcd:
             tls_secret_ref: None,
         }),
     });
-    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await?;
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
-    while sas.get_opt("default").await?.is_none() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    leasehold::dev::scale::namespace(client, name).await?;
     let lock = DistributedLock::new(
         LOCK,
         DistributedLockSpec {

@@ -69,8 +69,8 @@ pub async fn pods(client: &Client, ns: &str, prefix: &str, count: usize) -> anyh
     made.into_iter().collect()
 }
 
-/// Create namespace `ns` (it must not exist) and wait for its default ServiceAccount,
-/// without which a v1.20 API server admits no pod.
+/// Create namespace `ns` (it must not exist) and wait until its default ServiceAccount
+/// has its token, without which a v1.20 API server admits no pod.
 pub async fn namespace(client: &Client, ns: &str) -> anyhow::Result<()> {
     let obj: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))?;
     Api::<Namespace>::all(client.clone())
@@ -78,8 +78,12 @@ pub async fn namespace(client: &Client, ns: &str) -> anyhow::Result<()> {
         .await?;
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
     let until = Instant::now() + Duration::from_secs(60);
-    while sas.get_opt("default").await?.is_none() {
-        anyhow::ensure!(Instant::now() < until, "no default ServiceAccount in {ns} after 60 s");
+    let tokened = |sa: Option<ServiceAccount>| sa.and_then(|s| s.secrets).is_some_and(|s| !s.is_empty());
+    while !tokened(sas.get_opt("default").await?) {
+        anyhow::ensure!(
+            Instant::now() < until,
+            "the default ServiceAccount of {ns} got no token in 60 s"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())
