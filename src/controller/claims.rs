@@ -3,12 +3,12 @@
 //! locks its claims name, without scanning every claim in the cluster.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 
+use super::relisted::Relisted;
 use crate::protocol::claim;
 
 /// (namespace, name).
@@ -65,56 +65,37 @@ impl Maps {
 
 /// The index; feed it every claim-watch event with [`ClaimIndex::apply`].
 #[derive(Default)]
-pub struct ClaimIndex {
-    live: Mutex<Maps>,
-    /// The maps being rebuilt by a relist, swapped in when it is done (claims deleted
-    /// while the watch was down get no delete event).
-    relist: Mutex<Option<Maps>>,
-}
+pub struct ClaimIndex(Relisted<Maps>);
 
 impl ClaimIndex {
     /// Take in one watch event.
     pub fn apply(&self, event: &Event<Lease>) {
-        match event {
-            Event::Apply(l) => self.live.lock().expect("index lock poisoned").insert(l),
-            Event::Delete(l) => {
-                let (ns, name) = (l.namespace().unwrap_or_default(), l.name_any());
-                self.live.lock().expect("index lock poisoned").remove(&ns, &name);
-            }
-            Event::Init => *self.relist.lock().expect("index lock poisoned") = Some(Maps::default()),
-            Event::InitApply(l) => {
-                if let Some(maps) = self.relist.lock().expect("index lock poisoned").as_mut() {
-                    maps.insert(l);
-                }
-            }
-            Event::InitDone => {
-                if let Some(maps) = self.relist.lock().expect("index lock poisoned").take() {
-                    *self.live.lock().expect("index lock poisoned") = maps;
-                }
-            }
-        }
+        let remove = |m: &mut Maps, l: &Lease| m.remove(&l.namespace().unwrap_or_default(), &l.name_any());
+        self.0.apply(event, Maps::insert, remove);
     }
 
     /// The names of the claims that name lock `lock` in `ns`.
     pub fn of_lock(&self, ns: &str, lock: &str) -> Vec<String> {
-        let maps = self.live.lock().expect("index lock poisoned");
-        let set = maps.by_lock.get(&(ns.to_string(), lock.to_string()));
-        set.map(|s| s.iter().cloned().collect()).unwrap_or_default()
+        self.0.read(|maps| {
+            let set = maps.by_lock.get(&(ns.to_string(), lock.to_string()));
+            set.map(|s| s.iter().cloned().collect()).unwrap_or_default()
+        })
     }
 
     /// The locks named by the claims of pod `pod` in `ns`.
     pub fn locks_of_pod(&self, ns: &str, pod: &str) -> Vec<String> {
-        let maps = self.live.lock().expect("index lock poisoned");
-        let Some(claims) = maps.by_pod.get(&(ns.to_string(), pod.to_string())) else {
-            return Vec::new();
-        };
-        let locks = claims
-            .iter()
-            .filter_map(|c| maps.claims.get(&(ns.to_string(), c.clone())));
-        let mut out: Vec<String> = locks.map(|(lock, _)| lock.clone()).collect();
-        out.sort();
-        out.dedup();
-        out
+        self.0.read(|maps| {
+            let Some(claims) = maps.by_pod.get(&(ns.to_string(), pod.to_string())) else {
+                return Vec::new();
+            };
+            let locks = claims
+                .iter()
+                .filter_map(|c| maps.claims.get(&(ns.to_string(), c.clone())));
+            let mut out: Vec<String> = locks.map(|(lock, _)| lock.clone()).collect();
+            out.sort();
+            out.dedup();
+            out
+        })
     }
 }
 

@@ -4,7 +4,6 @@
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 
@@ -21,7 +20,7 @@ pub struct Context {
     /// The claims by lock and by pod.
     pub claims: Arc<super::claims::ClaimIndex>,
     /// Pods, slimmed to name, uid and phase.
-    pub pods: Store<Pod>,
+    pub pods: Arc<super::pods::PodIndex>,
     /// What this controller has seen, on its monotonic clock.
     pub tracker: Arc<Mutex<Tracker>>,
     /// Publishes Kubernetes events.

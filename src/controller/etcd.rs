@@ -323,7 +323,7 @@ fn plan(lock: &DistributedLock, ctx: &Context, keys: &[KeyView]) -> crate::etcd:
         .filter_map(|k| k.value.as_ref())
         .map(|v| v.pod.as_str())
         .collect();
-    let pods = super::observe::pod_views(&ctx.pods, &ns, names.into_iter());
+    let pods = ctx.pods.views(&ns, names.into_iter());
     let tracker = ctx.tracker.lock().expect("tracker lock poisoned");
     let stopped = keys
         .iter()

@@ -1,7 +1,7 @@
 //! Observation: the stored claims and pods of one lock, and the tracker's clock,
 //! turned into the decide core's inputs; then the decision, with when to look again.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,12 +9,12 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 
 use super::context::Context;
-use super::tracker::{Tracker, pod_stopped};
+use super::tracker::Tracker;
 use crate::api::{DistributedLock, DistributedLockStatus, Holder};
-use crate::decide::{ClaimView, Decision, PodView, World, decide};
+use crate::decide::{ClaimView, Decision, World, decide};
 use crate::protocol::claim;
 use crate::protocol::release::{self, Mark};
 use crate::protocol::timing::MAX_LEASE_SECONDS;
@@ -87,11 +87,9 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     }
     let pod_names = claims.iter().map(|c| c.pod.as_str());
     let pod_names = pod_names.chain(status.holders.iter().map(|h| h.pod.as_str()));
-    let pods = pod_views(
-        &ctx.pods,
-        &ns,
-        pod_names.chain(status.queue.iter().map(|w| w.pod.as_str())),
-    );
+    let pods = ctx
+        .pods
+        .views(&ns, pod_names.chain(status.queue.iter().map(|w| w.pod.as_str())));
     let uids = status.holders.iter().map(|h| h.pod_uid.as_str());
     let uids = uids.chain(claims.iter().map(|c| c.pod_uid.as_str()));
     let stopped_pods = uids.filter(|uid| tracker.pod_stopped(uid)).map(String::from).collect();
@@ -211,27 +209,6 @@ pub fn claim_view(
         expired,
         lease_seconds: claim::claim_lease_seconds(lease),
     }
-}
-
-/// What the pod store knows of the named pods in one namespace.
-pub fn pod_views<'a>(store: &Store<Pod>, ns: &str, names: impl Iterator<Item = &'a str>) -> BTreeMap<String, PodView> {
-    let mut out = BTreeMap::new();
-    for name in names {
-        let key = kube::runtime::reflector::ObjectRef::new(name).within(ns);
-        if let Some(pod) = store.get(&key) {
-            // Finished only when the kubelet reported its containers stopped, too.
-            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-            let finished = matches!(phase, Some("Succeeded" | "Failed")) && pod_stopped(&pod);
-            out.insert(
-                name.to_string(),
-                PodView {
-                    uid: pod.uid().unwrap_or_default(),
-                    finished,
-                },
-            );
-        }
-    }
-    out
 }
 
 /// Strip a pod down to what the controller needs (name, namespace, uid, phase, and

@@ -30,7 +30,6 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         },
     );
     let (lease_store, lease_writer) = reflector::store::<Lease>();
-    let (pod_store, pod_writer) = reflector::store::<Pod>();
     let (lock_store, lock_writer) = reflector::store::<DistributedLock>();
     let m = metrics.clone();
     let (etcd_trigger, etcd_triggers) = tokio::sync::mpsc::unbounded_channel();
@@ -69,12 +68,13 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         }
     })
     .touched_objects();
-    let t = tracker.clone();
+    let pod_index = Arc::new(super::pods::PodIndex::default());
+    let (t, index) = (tracker.clone(), pod_index.clone());
     let pods = watcher(opts.api::<Pod>(&client), watcher::Config::default())
         .default_backoff()
         .modify(observe::slim_pod)
-        .reflect(pod_writer)
         .inspect_ok(move |ev| {
+            index.apply(ev);
             if let watcher::Event::Delete(pod) = ev {
                 t.lock()
                     .expect("tracker lock poisoned")
@@ -88,7 +88,7 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         client: client.clone(),
         leases: lease_store.clone(),
         claims: claims.clone(),
-        pods: pod_store.clone(),
+        pods: pod_index.clone(),
         tracker,
         recorder,
         event_budget: Default::default(),
@@ -102,14 +102,16 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
     let ready = {
         let (l, p, m, k) = (
             lease_store.clone(),
-            pod_store.clone(),
+            pod_index.clone(),
             metrics.clone(),
             lock_store.clone(),
         );
         async move {
             store_ready(&k).await;
             store_ready(&l).await;
-            store_ready(&p).await;
+            while !p.synced() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             let _ = synced_tx.send(true);
             // Claims seen before the caches synced were not checked: check them now.
             for lease in l.state() {
