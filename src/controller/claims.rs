@@ -82,6 +82,12 @@ impl ClaimIndex {
         })
     }
 
+    /// Whether the first list of claims has been taken in (the claim store can be ready
+    /// a moment before: it takes each event first).
+    pub fn synced(&self) -> bool {
+        self.0.synced()
+    }
+
     /// The locks named by the claims of pod `pod` in `ns`.
     pub fn locks_of_pod(&self, ns: &str, pod: &str) -> Vec<String> {
         self.0.read(|maps| {

@@ -98,18 +98,21 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         synced: synced_rx,
     });
     let (ls, ctx2, ctx3) = (lock_store.clone(), ctx.clone(), ctx.clone());
-    let pod_locks = move |pod: Pod| locks_of_pod(&pod, &ls, &claims);
+    let by_pod = claims.clone();
+    let pod_locks = move |pod: Pod| locks_of_pod(&pod, &ls, &by_pod);
     let ready = {
-        let (l, p, m, k) = (
+        let (l, p, m, k, c) = (
             lease_store.clone(),
             pod_index.clone(),
             metrics.clone(),
             lock_store.clone(),
+            claims.clone(),
         );
         async move {
             store_ready(&k).await;
             store_ready(&l).await;
-            while !p.synced() {
+            // The indexes take each event after the store: wait for them too.
+            while !p.synced() || !c.synced() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             let _ = synced_tx.send(true);
