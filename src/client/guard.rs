@@ -25,6 +25,16 @@ pub(crate) struct Held {
 }
 
 impl Held {
+    /// The state of a grant just made to `session`, with one guard outstanding.
+    pub fn granted(session: Arc<Session>, renewal: JoinHandle<()>, token: i64) -> Arc<Held> {
+        Arc::new(Held {
+            session,
+            token,
+            count: AtomicUsize::new(1),
+            renewal: std::sync::Mutex::new(Some(renewal)),
+        })
+    }
+
     /// Give up the grant: stop renewing, mark the claim released (one write) and wait
     /// for the renewal task to end, surfacing its failure.
     pub async fn release(&self) -> Result<(), Error> {

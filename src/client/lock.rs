@@ -4,7 +4,7 @@
 //! change between the two is missed; it is woken by the watch, never by polling.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -212,20 +212,13 @@ impl Lock {
         withdraw.0 = None;
         match outcome {
             Ok(Outcome::Granted(token)) => {
-                let held = Arc::new(Held {
-                    session,
-                    token,
-                    count: AtomicUsize::new(1),
-                    renewal: std::sync::Mutex::new(Some(renewal)),
-                });
+                let held = Held::granted(session, renewal, token);
                 watch_revocation(events, held.session.clone());
                 *current = Some(held.clone());
                 Ok(Some(Guard { held, released: false }))
             }
             other => {
-                if let Err(e) = session.end().await {
-                    tracing::warn!(claim = session.claim, error = %e, "withdrawing the claim failed; it will expire");
-                }
+                withdraw_now(&session).await;
                 match other {
                     Ok(_) => Ok(None),
                     Err(e) => Err(e),
@@ -261,12 +254,7 @@ impl Lock {
         withdraw.0 = None;
         let outcome = match waited {
             Ok(Waited::Granted(token)) => {
-                let held = Arc::new(Held {
-                    session,
-                    token,
-                    count: AtomicUsize::new(1),
-                    renewal: std::sync::Mutex::new(Some(renewal)),
-                });
+                let held = Held::granted(session, renewal, token);
                 claim.watch_revocation(held.session.clone());
                 return Ok(Some(Guard { held, released: false }));
             }
@@ -278,9 +266,7 @@ impl Lock {
             Ok(Waited::Lost) => Err(Error::ClaimLost(session.claim.clone())),
             Err(e) => Err(Error::Etcd(e)),
         };
-        if let Err(e) = session.end().await {
-            tracing::warn!(claim = session.claim, error = %e, "withdrawing the claim failed; it will expire");
-        }
+        withdraw_now(&session).await;
         outcome
     }
 
@@ -335,6 +321,14 @@ impl Lock {
             }
             progress.lock_seen(&status, now());
         }
+    }
+}
+
+/// Withdraw a claim that was not granted (or not waited for): stop renewing and mark it
+/// released; when that cannot be written, the claim expires.
+async fn withdraw_now(session: &Session) {
+    if let Err(e) = session.end().await {
+        tracing::warn!(claim = session.claim, error = %e, "withdrawing the claim failed; it will expire");
     }
 }
 
