@@ -188,6 +188,12 @@ async fn report(
     drop(controller);
     let (writes, parts) = stats::writes_per_grant(before, &after, out.grants);
     let handoffs = Series::new("handoff", "", out.handoffs.clone());
+    if let Some(w) = out.warmup {
+        println!(
+            "{what}: start-up (every lock's first grant, releases held) {:.2} s",
+            w.as_secs_f64()
+        );
+    }
     println!(
         "{what}: {} grants, {:.1} grants/s, release→grant p50 {:.1} ms p90 {:.1} ms p99 {:.1} ms, \
          controller peak RSS {:.1} MiB, CPU {:.1} s ({:.2} ms/grant), {writes:.2} API writes/grant [{parts}], \

@@ -42,6 +42,9 @@ pub struct Outcome {
     pub handoffs: Vec<Duration>,
     /// FIFO or token-order violations, described.
     pub violations: Vec<String>,
+    /// With an offered rate: how long until every lock had its first grant (the
+    /// controller's start-up, at its own pace); releases are held back until then.
+    pub warmup: Option<Duration>,
 }
 
 /// Create `count` Pod objects (never scheduled) named `<prefix><i>` in `ns`.
@@ -152,8 +155,9 @@ struct LockRun {
 }
 
 /// Release each grant as soon as the lock's status shows it (`rate`: at most that many
-/// releases per second), until every claim was granted or a grant came out of order;
-/// `deadline` bounds it all.
+/// releases per second, from when every lock has had its first grant, so the paced
+/// phase measures steady state, not the controller's start-up), until every claim was
+/// granted or a grant came out of order; `deadline` bounds it all.
 pub async fn drive(client: &Client, w: &Workload, rate: Option<f64>, deadline: Duration) -> anyhow::Result<Outcome> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), &w.namespace);
     let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &w.namespace);
@@ -195,6 +199,8 @@ pub async fn drive(client: &Client, w: &Workload, rate: Option<f64>, deadline: D
         }
     });
     let mut out = Outcome::default();
+    // With a rate: the first grants' releases, held until every lock has one.
+    let mut held: Option<Vec<(String, String)>> = rate.map(|_| Vec::new());
     let mut events = watcher(locks, watcher::Config::default()).applied_objects().boxed();
     let started = Instant::now();
     let end = tokio::time::Instant::now() + deadline;
@@ -236,7 +242,17 @@ pub async fn drive(client: &Client, w: &Workload, rate: Option<f64>, deadline: D
         out.grants += 1;
         run.last_token = holder.fencing_token;
         run.next += 1;
-        let _ = tx.send((name, holder.claim.clone()));
+        match held.as_mut() {
+            Some(first) => {
+                first.push((name, holder.claim.clone()));
+                if first.len() == w.claims.len() {
+                    out.warmup = Some(started.elapsed());
+                    first.drain(..).for_each(|r| drop(tx.send(r)));
+                    held = None;
+                }
+            }
+            None => drop(tx.send((name, holder.claim.clone()))),
+        }
     }
     out.elapsed = started.elapsed();
     drop(tx);
