@@ -1,8 +1,8 @@
-//! Apply, after a successful status write: metrics, claim stamping and deletion, and
+//! Apply, after a successful status write: metrics, claim deletion, and
 //! Kubernetes events (Warning events on bad claims too).
 //!
 //! Everything here follows the write and is best effort: the status is the truth, and
-//! a failed event or stamp changes no one's grant.
+//! a failed event or deletion changes no one's grant.
 
 use std::sync::Arc;
 
@@ -10,8 +10,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams};
 use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::context::Context;
@@ -19,10 +20,12 @@ use super::observe::Plan;
 use crate::api::DistributedLock;
 use crate::decide::ActionKind;
 
-/// After a successful write: metrics, events, claim deletion and stamping.
+/// After a successful write: metrics, events and claim deletion.
 pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
     let d = &plan.decision;
     let (ns, name) = (lock.namespace().unwrap_or_default(), lock.name_any());
+    let named = |c: &str| d.status.holders.iter().any(|h| h.claim == c) || d.status.queue.iter().any(|w| w.claim == c);
+    ctx.tombstones.settle(&ns, &name, named);
     let m = &ctx.metrics;
     m.set_queue_depth(&ns, &name, d.status.queue.len());
     let granted_any = d.actions.iter().any(|a| matches!(a.kind, ActionKind::Granted(_)));
@@ -58,14 +61,14 @@ pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
     let ns = lock.namespace().unwrap_or_default();
     tokio::spawn(async move {
         let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
-        for a in &actions {
-            if let ActionKind::Granted(token) = a.kind {
-                stamp(&leases, &a.claim, token).await;
-            }
-        }
         for claim in &delete {
             if !ctx.written.delete_now(&ns, claim, std::time::Instant::now()) {
                 continue; // sent already; the watch has not shown it gone yet
+            }
+            let stored = ctx.leases.get(&ObjectRef::new(claim).within(&ns));
+            if stored.is_some_and(|l| super::sweep::sweepable(&l)) {
+                ctx.sweeper.request(&ns, claim, &ctx.written);
+                continue;
             }
             match leases.delete(claim, &DeleteParams::default()).await {
                 Err(e) if !matches!(&e, kube::Error::Api(s) if s.is_not_found()) => {
@@ -120,17 +123,6 @@ pub fn warn_on_lock(ctx: &Arc<Context>, lock: &DistributedLock, reason: &'static
             tracing::warn!(error = %e, "publishing a warning event failed");
         }
     });
-}
-
-/// Stamp a granted claim so tools reading Leases see the holder and its token.
-async fn stamp(leases: &Api<Lease>, claim: &str, token: i64) {
-    let patch = crate::protocol::claim::stamp_patch(token);
-    if let Err(e) = leases
-        .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        tracing::debug!(claim, error = %e, "stamping a granted claim failed (informational only)");
-    }
 }
 
 fn claim_ref(ns: &str, claim: &str) -> ObjectReference {

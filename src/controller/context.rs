@@ -29,8 +29,14 @@ pub struct Context {
     pub event_budget: super::budget::Budget,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
-    /// This controller's status writes its lock watch has not shown yet.
-    pub written: Written,
+    /// This controller's status writes its lock watch has not shown yet, and the claim
+    /// deletions it sent.
+    pub written: Arc<Written>,
+    /// Claims deleted after they were seen released, until their lock's status lets
+    /// them go.
+    pub tombstones: Arc<super::sweep::Tombstones>,
+    /// Deletes released claims in batches.
+    pub sweeper: Arc<super::sweep::Sweeper>,
     /// The mirrors of etcd-backed locks.
     pub mirrors: Arc<super::etcd::Mirrors>,
     /// Becomes true once the lock, claim and pod caches have synced.

@@ -2,21 +2,24 @@
 //!
 //! Pipeline per lock: **observe** (reflector stores of claim Leases and slim Pods, plus
 //! the [`tracker::Tracker`]'s monotonic clock) → **decide** ([`crate::decide`], pure) →
-//! **apply** (status write with a resourceVersion precondition, then events, claim
-//! deletion and stamping). Watch-driven: a claim, pod or lock change triggers the
-//! lock's reconcile; time-based transitions requeue at the next deadline.
+//! **apply** (status write with a resourceVersion precondition, then events and claim
+//! deletion). A deleted lock's holders are stamped before it goes ([`finalizer`]).
+//! Watch-driven: a claim, pod or lock change triggers the lock's reconcile; time-based
+//! transitions requeue at the next deadline.
 
 mod apply;
 pub mod budget;
 pub mod claims;
 pub mod context;
 pub mod etcd;
+pub mod finalizer;
 mod http;
 pub mod metrics;
 pub mod observe;
 pub mod pods;
 pub mod reconcile;
 pub mod relisted;
+pub mod sweep;
 pub mod tracker;
 mod watches;
 pub mod written;

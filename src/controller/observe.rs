@@ -48,7 +48,18 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     let mut warnings = Vec::new();
     let mut released_seen = Vec::new();
     let mut expired_claims = Vec::new();
-    let leases = claims_of(ctx, lock);
+    let mut leases = claims_of(ctx, lock);
+    // Claims swept after their release before this lock decided on them: their last
+    // state, release mark and all (see `sweep`).
+    let live: BTreeSet<String> = leases.iter().map(|l| l.name_any()).collect();
+    let gone: Vec<Arc<Lease>> = ctx
+        .tombstones
+        .of_lock(&ns, &name, now)
+        .into_iter()
+        .filter(|l| !live.contains(&l.name_any()))
+        .collect();
+    let gone_names: BTreeSet<String> = gone.iter().map(|l| l.name_any()).collect();
+    leases.extend(gone);
     for lease_obj in &leases {
         let (pod, uid) = match claim::validate_claim(lease_obj) {
             Ok(ok) => ok,
@@ -67,13 +78,18 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         let recorded = recorded.and_then(|h| h.lease_duration_seconds).unwrap_or(0);
         let own = claim::claim_lease_duration(lease_obj)
             .max(Duration::from_secs(recorded.clamp(0, MAX_LEASE_SECONDS) as u64));
-        let expires = tracker.expires_at(lease_obj, lease, own, now);
-        let expired = now >= expires;
-        if expired {
-            expired_claims.push(lease_obj.clone());
+        let buried = gone_names.contains(&name_of);
+        let expired = if buried {
+            false // released, and gone: nothing left to expire
         } else {
-            deadlines.push(expires);
-        }
+            let expires = tracker.expires_at(lease_obj, lease, own, now);
+            if now >= expires {
+                expired_claims.push(lease_obj.clone());
+            } else {
+                deadlines.push(expires);
+            }
+            now >= expires
+        };
         let view = claim_view(lease_obj, pod, uid, expired, &status, &tracker);
         if view.forged {
             let note = "the claim's release mark does not match its release hash: written by someone \
@@ -97,7 +113,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     for h in status.holders.iter().filter(|h| h.revoked.is_some()) {
         let renewed = leases
             .iter()
-            .find(|l| l.name_any() == h.claim)
+            .find(|l| l.name_any() == h.claim && !gone_names.contains(&h.claim))
             .map(|l| tracker.changed_at(l));
         let ends = tracker.hold_back_ends(&ns, &name, &h.claim, holder_lease(lease, h), renewed, now);
         if now >= ends {
@@ -122,7 +138,8 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         now: wall,
         token_floor: wall.as_microsecond().max(created),
     };
-    let decision = decide(&world);
+    let mut decision = decide(&world);
+    decision.delete_claims.retain(|c| !gone_names.contains(c)); // deleted already
     let revoked: BTreeSet<String> = decision
         .status
         .holders
@@ -133,7 +150,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     for h in decision.status.holders.iter().filter(|h| h.revoked.is_some()) {
         let renewed = leases
             .iter()
-            .find(|l| l.name_any() == h.claim)
+            .find(|l| l.name_any() == h.claim && !gone_names.contains(&h.claim))
             .map(|l| tracker.changed_at(l));
         let ends = tracker.hold_back_ends(&ns, &name, &h.claim, holder_lease(lease, h), renewed, now);
         deadlines.push(ends);
@@ -148,6 +165,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
             ));
         }
     }
+    warnings.retain(|(l, _, _)| !gone_names.contains(&l.name_any())); // warned while it was there
     let rejected = warnings.iter().filter(|(_, reason, _)| *reason != "ClaimLease").count();
     warnings.retain(|(l, reason, _)| tracker.first_warning(&l.uid().unwrap_or_default(), reason));
     Plan {

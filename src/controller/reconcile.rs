@@ -3,8 +3,10 @@
 //!
 //! The status write is the single source of truth and carries the resourceVersion
 //! that was read, so two controllers can never both grant from the same state; on a
-//! conflict the lock is re-read and decided again. Events, claim deletion and claim
-//! stamping follow only a successful write.
+//! conflict the lock is re-read and decided again. Events and claim deletion follow
+//! only a successful write. A lock carries the controller's finalizer before anything
+//! is granted, and a deleted one is let go only once its holders' claims are stamped
+//! ([`super::finalizer`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,6 +50,9 @@ pub enum Error {
     /// Revoking a claim key in etcd failed.
     #[error(transparent)]
     Etcd(crate::etcd::Error),
+    /// Adding or acting on the lock's finalizer failed.
+    #[error(transparent)]
+    Finalizer(#[from] super::finalizer::Error),
 }
 
 impl Error {
@@ -60,6 +65,7 @@ impl Error {
             Error::ClaimGoneUnseen(..) => "claim_gone_unseen",
             Error::Conflicts(..) => "conflicts",
             Error::Etcd(e) => e.category(),
+            Error::Finalizer(e) => e.category(),
         }
     }
 }
@@ -69,6 +75,9 @@ impl Error {
 pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let started = Instant::now();
     let _ = ctx.synced.clone().wait_for(|synced| *synced).await;
+    if lock.metadata.deletion_timestamp.is_some() {
+        return Ok(super::finalizer::retire(&ctx, &lock).await?);
+    }
     if let Some(backend) = lock.spec.etcd() {
         let backend = backend.clone();
         return super::etcd::reconcile(lock, ctx, backend).await;
@@ -79,7 +88,15 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
     let name = lock.name_any();
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &ns);
     let mut current = ctx.written.fresher(&lock);
+    // Nothing is granted before the finalizer is on: a deleted lock's holders must be
+    // stamped before it goes (see `finalizer`).
+    if !super::finalizer::ensure(&ctx, &api, &mut current).await? {
+        return Ok(Requeue::await_change());
+    }
     for _ in 0..MAX_CONFLICT_RETRIES {
+        if current.metadata.deletion_timestamp.is_some() {
+            return Ok(super::finalizer::retire(&ctx, &current).await?);
+        }
         let plan = plan(&current, &ctx, Instant::now());
         if renewed_unseen(&ctx, &ns, &plan).await? {
             continue; // the watch lags: plan again with what the fresh reads showed

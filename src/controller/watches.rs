@@ -49,7 +49,8 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
     let controller = Controller::for_stream(locks, lock_store.clone());
 
     let claims = Arc::new(super::claims::ClaimIndex::default());
-    let (t, index) = (tracker.clone(), claims.clone());
+    let tombstones = Arc::new(super::sweep::Tombstones::default());
+    let (t, index, buried) = (tracker.clone(), claims.clone(), tombstones.clone());
     let leases = watcher(
         opts.api::<Lease>(&client),
         watcher::Config::default().labels(protocol::LOCK_LABEL),
@@ -62,7 +63,10 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         let mut t = t.lock().expect("tracker lock poisoned");
         match ev {
             watcher::Event::Apply(l) | watcher::Event::InitApply(l) => t.observe(l, Instant::now()),
-            watcher::Event::Delete(l) => t.forget(l, Instant::now()),
+            watcher::Event::Delete(l) => {
+                buried.bury(l, Instant::now());
+                t.forget(l, Instant::now())
+            }
             watcher::Event::Init => t.relist_started(),
             watcher::Event::InitDone => t.relist_done(),
         }
@@ -94,6 +98,8 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         event_budget: Default::default(),
         metrics: metrics.clone(),
         written: Default::default(),
+        tombstones,
+        sweeper: Arc::new(super::sweep::Sweeper::new(client.clone())),
         mirrors,
         synced: synced_rx,
     });

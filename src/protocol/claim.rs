@@ -12,7 +12,7 @@ use super::release::Secret;
 use super::timing::MAX_LEASE_SECONDS;
 use super::{
     FENCING_TOKEN_ANNOTATION, LOCK_LABEL, POD_UID_ANNOTATION, RELEASE_HASH_ANNOTATION, RELEASED_ANNOTATION,
-    REQUESTED_AT_ANNOTATION,
+    RELEASED_LABEL, REQUESTED_AT_ANNOTATION,
 };
 
 /// The identity of the process making a claim: its pod.
@@ -88,17 +88,24 @@ pub fn renew_patch() -> serde_json::Value {
 
 /// The merge patch that releases a claim made without a release proof.
 pub fn release_patch() -> serde_json::Value {
-    serde_json::json!({ "metadata": { "annotations": { RELEASED_ANNOTATION: "true" } } })
+    released_patch("true")
 }
 
 /// The merge patch that releases a claim (or withdraws it while waiting) by revealing
 /// its secret.
 pub fn release_patch_with(secret: &Secret) -> serde_json::Value {
-    serde_json::json!({ "metadata": { "annotations": { RELEASED_ANNOTATION: secret.reveal() } } })
+    released_patch(secret.reveal())
 }
 
-/// The merge patch the controller stamps on a granted claim, so tools reading Leases
-/// see the holder and its token (informational: the lock's status is the truth).
+fn released_patch(mark: &str) -> serde_json::Value {
+    serde_json::json!({ "metadata": {
+        "annotations": { RELEASED_ANNOTATION: mark },
+        "labels": { RELEASED_LABEL: "true" },
+    } })
+}
+
+/// The merge patch the controller stamps on a holder's claim when its lock is deleted:
+/// a lock re-created under the same name keeps that claim's slot held back.
 pub fn stamp_patch(token: i64) -> serde_json::Value {
     serde_json::json!({
         "metadata": { "annotations": { FENCING_TOKEN_ANNOTATION: token.to_string() } },

@@ -14,10 +14,12 @@
 //! its Pod (so garbage collection removes a deleted pod's claims). It renews
 //! `spec.renewTime` every [`timing::renew_interval`] and releases (or withdraws while
 //! waiting) by setting annotation [`RELEASED_ANNOTATION`] to its release secret, whose
-//! hash it wrote at creation ([`RELEASE_HASH_ANNOTATION`], see [`release`]). The controller
-//! validates a claim with [`claim::validate_claim`], grants it by listing it as an
-//! unrevoked holder in the lock's status ([`granted_token`]) and stamps the granted
-//! claim with [`FENCING_TOKEN_ANNOTATION`] (informational).
+//! hash it wrote at creation ([`RELEASE_HASH_ANNOTATION`], see [`release`]), and label
+//! [`RELEASED_LABEL`] in the same write. The controller
+//! validates a claim with [`claim::validate_claim`] and grants it by listing it as an
+//! unrevoked holder in the lock's status ([`granted_token`]). When a lock is deleted,
+//! the controller stamps its holders' claims with [`FENCING_TOKEN_ANNOTATION`] before
+//! letting it go, so a lock re-created under the same name holds their slots back.
 //!
 //! ## The timing contract
 //!
@@ -64,13 +66,17 @@ pub const POD_UID_ANNOTATION: &str = "leasehold.dev/pod-uid";
 /// Annotation a client sets on its claim to release the lock (or withdraw): the
 /// claim's release secret (see [`release`]), or `"true"` for a claim made without one.
 pub const RELEASED_ANNOTATION: &str = "leasehold.dev/released";
+/// Label a client sets on its claim with the release mark (value `"true"`), so the
+/// controller can delete released claims in one request per namespace.
+pub const RELEASED_LABEL: &str = "leasehold.dev/released";
 /// Annotation a client sets on its claim at creation: the SHA-256 of its release secret.
 pub const RELEASE_HASH_ANNOTATION: &str = "leasehold.dev/release-hash";
 /// Annotation a client sets on its claim at creation: when it asked (RFC 3339, with
 /// microseconds). Only its sub-second part is used, to order claims created within
 /// the same second of the API server's clock.
 pub const REQUESTED_AT_ANNOTATION: &str = "leasehold.dev/requested-at";
-/// Annotation the controller stamps on a granted claim: the grant's fencing token.
+/// Annotation the controller stamps on a holder's claim when the lock is deleted: the
+/// grant's fencing token.
 pub const FENCING_TOKEN_ANNOTATION: &str = "leasehold.dev/fencing-token";
 
 /// The fencing token with which `status` grants `claim`: `Some` only while the claim

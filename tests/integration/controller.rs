@@ -429,3 +429,33 @@ async fn bad_claims_get_warnings_and_block_nothing() {
     ns.wait_lock("l", "the duplicate is cleaned up", |l| holders(l) == ["b"])
         .await;
 }
+
+#[tokio::test]
+async fn a_claim_swept_before_the_controller_saw_its_release_passes_the_slot_at_once() {
+    let ns = TestNs::new("sweptrel").await;
+    let dir = std::env::temp_dir().join(format!("leasehold-test-sweptrel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
+    let watches = leasehold::kubeconfig::client_for(&proxied).await.unwrap();
+    let client = split_client(ns.client.clone(), watches);
+    let _c = spawn_controller_with(client, Options::single("sweptrel", Some(&ns.name)));
+    ns.lock("l", spec(60, 1)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let ca = claim(&ns, "l", &a, 60).await;
+    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    let _cb = claim(&ns, "l", &b, 60).await;
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    // The controller's watches stall while a releases and its claim is swept (as a
+    // batch sweep may, before the controller decided on the release); then they resume.
+    proxy.freeze_open();
+    release(&ns, &ca).await;
+    leases(&ns).delete(&ca, &Default::default()).await.unwrap();
+    proxy.thaw();
+    // A claim gone without a release would hold a's slot back for the 60 s lease.
+    wait_for(
+        "b holds within a fraction of the lease",
+        Duration::from_secs(10),
+        || async { (holders(&ns.locks().get("l").await.unwrap()) == ["b"]).then_some(()) },
+    )
+    .await;
+}

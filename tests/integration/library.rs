@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use leasehold::api::DistributedLockSpec;
+use kube::ResourceExt;
+use leasehold::api::{DistributedLockSpec, RevokeReason};
 use leasehold::client::{Lock, LostReason, State};
 use leasehold::protocol::PodIdentity;
 
@@ -107,4 +108,52 @@ async fn a_waiter_whose_watch_stalls_is_granted_within_a_lease() {
         .unwrap();
     assert_eq!(token - epoch(&ns.locks().get("l").await.unwrap()), 2);
     proxy.thaw();
+}
+
+#[tokio::test]
+async fn a_holder_of_a_deleted_lock_keeps_its_slot_in_the_re_created_lock_until_it_stops() {
+    let ns = TestNs::new("finalize").await;
+    let _c = spawn_controller(&ns, "finalize");
+    ns.lock("l", spec(30)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    // a's process goes on renewing its claim whatever becomes of the lock.
+    let claim_a = claim(&ns, "l", &a, 30).await;
+    let renewing = keep_renewing(&ns, &claim_a, Duration::from_secs(2));
+    let held = ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    let token = held.status.as_ref().unwrap().holders[0].fencing_token;
+    ns.locks().delete("l", &Default::default()).await.unwrap();
+    wait_for("the old lock gone", DEADLINE, || async {
+        ns.locks().get_opt("l").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let stamped = leases(&ns).get(&claim_a).await.unwrap();
+    let stamp = stamped
+        .annotations()
+        .get(leasehold::protocol::FENCING_TOKEN_ANNOTATION)
+        .cloned();
+    assert_eq!(
+        stamp,
+        Some(token.to_string()),
+        "the deleted lock's holder is stamped before the lock goes"
+    );
+    ns.lock("l", spec(30)).await;
+    let claim_b = claim(&ns, "l", &b, 30).await;
+    let _renewing_b = keep_renewing(&ns, &claim_b, Duration::from_secs(2));
+    let lock = ns
+        .wait_lock("l", "a's old grant held back, b waiting", |l| {
+            holders(l) == ["a"] && queue(l) == ["b"]
+        })
+        .await;
+    let a_entry = &lock.status.as_ref().unwrap().holders[0];
+    assert_eq!(
+        a_entry.revoked.as_ref().map(|r| r.reason),
+        Some(RevokeReason::ForceReleased),
+        "a process still running on the old lock's grant holds its slot back, revoked"
+    );
+    assert_eq!(a_entry.fencing_token, token);
+    renewing.abort();
+    release(&ns, &claim_a).await;
+    let lock = ns.wait_lock("l", "b holds", |l| holders(l) == ["b"]).await;
+    let b_token = lock.status.as_ref().unwrap().holders[0].fencing_token;
+    assert!(b_token > token, "b's token {b_token} after a's {token}");
 }

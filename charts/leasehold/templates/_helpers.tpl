@@ -44,21 +44,24 @@ policy/v1beta1
 
 {{/* The controller's rules on locks, claims, pods and events (a ClusterRole's, or watchNamespace's Role's). */}}
 {{- define "leasehold.watchRules" -}}
-# Watch locks; write their status (one optimistic PUT per decision).
+# Watch locks; write their status (one optimistic PUT per decision); add and remove
+# the finalizer that stamps a deleted lock's holders.
 - apiGroups: ["leasehold.dev"]
   resources: ["distributedlocks"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["leasehold.dev"]
   resources: ["distributedlocks/status"]
   verbs: ["update"]
-# Watch claims; stamp granted ones; delete released/expired ones.
+# Watch claims (a fresh read before expiring one); stamp a deleted lock's holders;
+# delete finished claims (released ones in one deletecollection per namespace).
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["list", "watch", "patch", "delete"]
-# Watch the pods that own claims (name, uid, phase).
+  verbs: ["get", "list", "watch", "patch", "delete", "deletecollection"]
+# Watch the pods that own claims (name, uid, phase); a fresh read before an etcd key
+# of a gone pod is held back.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["get", "list", "watch"]
 # Events on locks and claims.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]

@@ -1,0 +1,189 @@
+//! The lock's finalizer: a lock is let go only after its holders' claims carry their
+//! fencing tokens.
+//!
+//! A lock deleted and re-created under the same name starts with an empty status, so
+//! a process still running on a grant of the old lock would look like a new waiter.
+//! The controller therefore puts [`LOCK_FINALIZER`] on every lock whose claims are
+//! Leases before it grants anything, and when such a lock is deleted it first stamps
+//! each holder's claim with the holder's fencing token
+//! ([`crate::protocol::FENCING_TOKEN_ANNOTATION`]), then removes the finalizer, guarded
+//! by the resourceVersion of the status it stamped from (a grant written meanwhile
+//! makes it start over). The new incarnation's decide core keeps a claim stamped below
+//! its token epoch as a revoked holder, its slot held back until its process has
+//! stopped ([`crate::decide`]).
+//!
+//! Stamping at deletion rather than at every grant saves one API write per grant; the
+//! finalizer costs one write per lock's lifetime.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action as Requeue;
+
+use super::context::Context;
+use crate::api::DistributedLock;
+
+/// The finalizer the controller puts on locks whose claims are Leases.
+pub const LOCK_FINALIZER: &str = "leasehold.dev/fence-holders";
+
+/// Errors of the finalizer's writes, each naming the action that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Adding the finalizer failed.
+    #[error("adding finalizer {LOCK_FINALIZER} to DistributedLock {0}: {1}")]
+    Add(String, #[source] kube::Error),
+    /// Reading the deleted lock afresh failed.
+    #[error("reading the deleted DistributedLock {0}: {1}")]
+    Read(String, #[source] kube::Error),
+    /// Stamping a holder's claim failed.
+    #[error("stamping claim {0} of the deleted DistributedLock with its fencing token: {1}")]
+    Stamp(String, #[source] kube::Error),
+    /// Removing the finalizer failed (a conflict: the lock changed since it was read).
+    #[error("removing finalizer {LOCK_FINALIZER} from DistributedLock {0}: {1}")]
+    Remove(String, #[source] kube::Error),
+}
+
+impl Error {
+    /// A short fixed string for metric labels.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Add(..) => "finalizer_add",
+            Error::Read(..) => "finalizer_read",
+            Error::Stamp(..) => "finalizer_stamp",
+            Error::Remove(..) => "finalizer_remove",
+        }
+    }
+}
+
+/// Whether `lock` carries the finalizer.
+pub fn has_finalizer(lock: &DistributedLock) -> bool {
+    lock.finalizers().iter().any(|f| f == LOCK_FINALIZER)
+}
+
+/// The lock's finalizers with [`LOCK_FINALIZER`] added (`true`) or removed (`false`).
+fn finalizers_with(lock: &DistributedLock, on: bool) -> Vec<String> {
+    let mut list: Vec<String> = lock
+        .finalizers()
+        .iter()
+        .filter(|f| *f != LOCK_FINALIZER)
+        .cloned()
+        .collect();
+    if on {
+        list.push(LOCK_FINALIZER.into());
+    }
+    list
+}
+
+/// The merge patch that sets the lock's finalizers, guarded by its resourceVersion.
+fn finalizers_patch(lock: &DistributedLock, on: bool) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {
+            "finalizers": finalizers_with(lock, on),
+            "resourceVersion": lock.resource_version(),
+        }
+    })
+}
+
+/// Put the finalizer on `current` before anything is granted. Returns whether the lock
+/// is still there; `current` becomes the lock as written (or re-read after a conflict).
+pub async fn ensure(ctx: &Context, api: &Api<DistributedLock>, current: &mut DistributedLock) -> Result<bool, Error> {
+    if has_finalizer(current) {
+        return Ok(true);
+    }
+    let name = current.name_any();
+    let patch = finalizers_patch(current, true);
+    match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(written) => {
+            ctx.written
+                .record(current.metadata.resource_version.clone(), written.clone());
+            *current = written;
+            Ok(true)
+        }
+        Err(kube::Error::Api(s)) if s.is_conflict() => match api.get_opt(&name).await {
+            Ok(Some(fresh)) => {
+                *current = fresh;
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(e) => Err(Error::Read(name, e)),
+        },
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
+        Err(e) => Err(Error::Add(name, e)),
+    }
+}
+
+/// A deleted lock: stamp its holders' claims (Lease backend), then let it go.
+pub async fn retire(ctx: &Context, lock: &DistributedLock) -> Result<Requeue, Error> {
+    let (ns, name) = (lock.namespace().unwrap_or_default(), lock.name_any());
+    let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &ns);
+    // The holders as they stand now, not as a lagging cache shows them.
+    let fresh = match api.get_opt(&name).await {
+        Ok(Some(fresh)) => fresh,
+        Ok(None) => return Ok(Requeue::await_change()),
+        Err(e) => return Err(Error::Read(name, e)),
+    };
+    if !has_finalizer(&fresh) {
+        return Ok(Requeue::await_change());
+    }
+    if fresh.spec.etcd().is_none() {
+        let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
+        for h in fresh.status.iter().flat_map(|s| &s.holders) {
+            let patch = crate::protocol::claim::stamp_patch(h.fencing_token);
+            match leases
+                .patch(&h.claim, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => tracing::info!(
+                    lock = name,
+                    claim = h.claim,
+                    token = h.fencing_token,
+                    "stamped a holder of a deleted lock"
+                ),
+                Err(kube::Error::Api(s)) if s.is_not_found() => {} // no claim, no process to fence
+                Err(e) => return Err(Error::Stamp(h.claim.clone(), e)),
+            }
+        }
+    }
+    let patch = finalizers_patch(&fresh, false);
+    match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(Requeue::await_change()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(Requeue::await_change()),
+        Err(e) => Err(Error::Remove(name, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::DistributedLockSpec;
+
+    fn lock(finalizers: &[&str]) -> DistributedLock {
+        let mut l = DistributedLock::new("l", DistributedLockSpec::default());
+        l.metadata.finalizers = Some(finalizers.iter().map(|f| f.to_string()).collect());
+        l.metadata.resource_version = Some("7".into());
+        l
+    }
+
+    #[test]
+    fn adding_keeps_other_finalizers_once_and_is_guarded_by_the_resource_version() {
+        let patch = finalizers_patch(&lock(&["other"]), true);
+        assert_eq!(
+            patch["metadata"]["finalizers"],
+            serde_json::json!(["other", LOCK_FINALIZER])
+        );
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+        let again = finalizers_patch(&lock(&[LOCK_FINALIZER, "other"]), true);
+        assert_eq!(
+            again["metadata"]["finalizers"],
+            serde_json::json!(["other", LOCK_FINALIZER])
+        );
+    }
+
+    #[test]
+    fn removing_leaves_other_finalizers() {
+        let patch = finalizers_patch(&lock(&["a", LOCK_FINALIZER, "b"]), false);
+        assert_eq!(patch["metadata"]["finalizers"], serde_json::json!(["a", "b"]));
+        assert!(has_finalizer(&lock(&[LOCK_FINALIZER])));
+        assert!(!has_finalizer(&lock(&["a"])));
+    }
+}

@@ -1,0 +1,245 @@
+//! Released claims leave in batches: one `deletecollection` per namespace sweeps every
+//! claim carrying the [`RELEASED_LABEL`] its client set with the release mark, instead
+//! of one DELETE per claim.
+//!
+//! A sweep may take a claim whose release this controller has not decided on yet (the
+//! label is set by the client, so any released claim is fair game). Such a claim is
+//! not lost: the claim watch shows its release and then its deletion, in order, and
+//! [`Tombstones`] keep the last state of a claim deleted after it was seen with a
+//! release mark, so the decide core still sees the mark (and judges it against the
+//! hash recorded in status, as for a claim still there) until the lock's status no
+//! longer names the claim. Without that memory (a relist, a restart) a holder's claim
+//! found gone counts as force-released: its slot is held back one lease, which is
+//! slower but safe.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams};
+
+use super::written::Written;
+use crate::protocol::RELEASED_LABEL;
+use crate::protocol::claim::{claim_lock, has_release_mark};
+
+/// How long a sweep request waits for others to join it.
+pub const SWEEP_BATCH: Duration = Duration::from_millis(100);
+/// How long a released claim's last state is remembered after its deletion at most.
+pub const TOMBSTONE_MEMORY: Duration = Duration::from_secs(120);
+
+/// (namespace, lock).
+type LockKey = (String, String);
+/// A claim's last state, and when its deletion was seen.
+type Buried = (Arc<Lease>, Instant);
+
+/// The last state of claims deleted after they were seen with a release mark, by lock.
+#[derive(Default)]
+pub struct Tombstones(Mutex<HashMap<LockKey, Vec<Buried>>>);
+
+impl Tombstones {
+    /// A claim was deleted (`lease`: its last state): remember it if it was released.
+    pub fn bury(&self, lease: &Lease, now: Instant) {
+        let (Some(ns), Some(lock)) = (lease.namespace(), claim_lock(lease)) else {
+            return;
+        };
+        if !has_release_mark(lease) {
+            return;
+        }
+        let mut map = self.0.lock().expect("tombstones lock poisoned");
+        let list = map.entry((ns, lock.to_string())).or_default();
+        list.retain(|(l, _)| l.name_any() != lease.name_any());
+        list.push((Arc::new(lease.clone()), now));
+    }
+
+    /// The remembered claims of a lock (forgetting those older than the memory).
+    pub fn of_lock(&self, ns: &str, lock: &str, now: Instant) -> Vec<Arc<Lease>> {
+        let mut map = self.0.lock().expect("tombstones lock poisoned");
+        let key = (ns.to_string(), lock.to_string());
+        let Some(list) = map.get_mut(&key) else {
+            return Vec::new();
+        };
+        list.retain(|(_, at)| now.saturating_duration_since(*at) < TOMBSTONE_MEMORY);
+        let out = list.iter().map(|(l, _)| l.clone()).collect();
+        if list.is_empty() {
+            map.remove(&key);
+        }
+        out
+    }
+
+    /// After a status write: forget the lock's remembered claims it no longer names.
+    pub fn settle(&self, ns: &str, lock: &str, named: impl Fn(&str) -> bool) {
+        let mut map = self.0.lock().expect("tombstones lock poisoned");
+        let key = (ns.to_string(), lock.to_string());
+        if let Some(list) = map.get_mut(&key) {
+            list.retain(|(l, _)| named(&l.name_any()));
+            if list.is_empty() {
+                map.remove(&key);
+            }
+        }
+    }
+
+    /// How many claims are remembered (for tests and metrics).
+    pub fn len(&self) -> usize {
+        self.0
+            .lock()
+            .expect("tombstones lock poisoned")
+            .values()
+            .map(Vec::len)
+            .sum()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Whether a claim is swept rather than deleted on its own: its client labelled it
+/// released (clients before the label are deleted one by one).
+pub fn sweepable(lease: &Lease) -> bool {
+    lease.labels().contains_key(RELEASED_LABEL)
+}
+
+/// Batches the sweeps of each namespace: at most one waiting per namespace, and the
+/// claims each was asked for, to tell [`Written`] which deletions were taken.
+pub struct Sweeper {
+    client: kube::Client,
+    pending: Mutex<HashMap<String, BTreeSet<String>>>,
+}
+
+impl Sweeper {
+    /// A sweeper writing through `client`.
+    pub fn new(client: kube::Client) -> Self {
+        Sweeper {
+            client,
+            pending: Mutex::default(),
+        }
+    }
+
+    /// Sweep `ns` soon, deleting (among all released claims) `claim`.
+    pub fn request(self: &Arc<Self>, ns: &str, claim: &str, written: &Arc<Written>) {
+        let mut pending = self.pending.lock().expect("sweeper lock poisoned");
+        if let Some(claims) = pending.get_mut(ns) {
+            claims.insert(claim.to_string());
+            return;
+        }
+        pending.insert(ns.to_string(), BTreeSet::from([claim.to_string()]));
+        let (me, ns, written) = (self.clone(), ns.to_string(), written.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(SWEEP_BATCH).await;
+            let claims = me
+                .pending
+                .lock()
+                .expect("sweeper lock poisoned")
+                .remove(&ns)
+                .unwrap_or_default();
+            me.sweep(&ns, &claims, &written).await;
+        });
+    }
+
+    async fn sweep(&self, ns: &str, asked: &BTreeSet<String>, written: &Written) {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), ns);
+        // From the API server's cache: a released claim this controller has seen is
+        // there already (its watch is served from it).
+        let list = ListParams::default().labels(RELEASED_LABEL).match_any();
+        match leases.delete_collection(&DeleteParams::default(), &list).await {
+            Ok(answer) if answer.is_left() => {
+                let deleted = answer.left().expect("checked: a list");
+                let taken: BTreeSet<String> = deleted.items.iter().map(|l| l.name_any()).collect();
+                tracing::debug!(namespace = ns, swept = taken.len(), "swept released claims");
+                for claim in asked {
+                    if taken.contains(claim) {
+                        written.delete_done(ns, claim);
+                    } else {
+                        written.delete_failed(ns, claim); // not there, or not yet: look again
+                    }
+                }
+            }
+            Ok(_) => asked.iter().for_each(|c| written.delete_done(ns, c)),
+            Err(e) => {
+                tracing::warn!(namespace = ns, error = %e, "sweeping released claims failed; will retry");
+                asked.iter().for_each(|c| written.delete_failed(ns, c));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+    use crate::protocol::{LOCK_LABEL, RELEASED_ANNOTATION};
+
+    fn claim(name: &str, released: bool) -> Lease {
+        let mut annotations = BTreeMap::new();
+        if released {
+            annotations.insert(RELEASED_ANNOTATION.to_string(), "secret".to_string());
+        }
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                labels: Some(BTreeMap::from([(LOCK_LABEL.to_string(), "l".to_string())])),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            spec: None,
+        }
+    }
+
+    fn names(list: &[Arc<Lease>]) -> Vec<String> {
+        list.iter().map(|l| l.name_any()).collect()
+    }
+
+    #[test]
+    fn only_a_claim_deleted_with_a_release_mark_is_remembered() {
+        let t = Tombstones::default();
+        let now = Instant::now();
+        t.bury(&claim("a", true), now);
+        t.bury(&claim("b", false), now);
+        assert_eq!(names(&t.of_lock("ns", "l", now)), ["a"]);
+        assert!(t.of_lock("ns", "other", now).is_empty());
+        assert!(t.of_lock("other", "l", now).is_empty());
+    }
+
+    #[test]
+    fn a_remembered_claim_is_forgotten_once_status_no_longer_names_it() {
+        let t = Tombstones::default();
+        let now = Instant::now();
+        t.bury(&claim("a", true), now);
+        t.bury(&claim("b", true), now);
+        t.bury(&claim("b", true), now); // the same deletion seen twice: once
+        t.settle("ns", "l", |c| c == "b");
+        assert_eq!(names(&t.of_lock("ns", "l", now)), ["b"]);
+        t.settle("ns", "l", |_| false);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_remembered_claim_is_forgotten_after_the_memory_at_the_latest() {
+        let t = Tombstones::default();
+        let now = Instant::now();
+        t.bury(&claim("a", true), now);
+        assert_eq!(t.of_lock("ns", "l", now + TOMBSTONE_MEMORY / 2).len(), 1);
+        assert!(t.of_lock("ns", "l", now + TOMBSTONE_MEMORY).is_empty());
+        assert!(t.is_empty(), "nothing kept for a lock nobody asks about again");
+    }
+
+    #[test]
+    fn only_a_claim_its_client_labelled_released_is_swept() {
+        let mut labelled = claim("a", true);
+        labelled
+            .labels_mut()
+            .insert(RELEASED_LABEL.to_string(), "true".to_string());
+        assert!(sweepable(&labelled));
+        assert!(
+            !sweepable(&claim("b", true)),
+            "an older client's release: deleted on its own"
+        );
+    }
+}
