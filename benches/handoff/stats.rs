@@ -102,7 +102,7 @@ pub async fn api_writes(client: &kube::Client) -> anyhow::Result<std::collection
         let (Some(verb), Some(resource)) = (label("verb"), label("resource")) else {
             continue;
         };
-        if ["POST", "PUT", "PATCH", "DELETE"].contains(&verb.as_str()) {
+        if ["POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION"].contains(&verb.as_str()) {
             *out.entry((verb, resource)).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
         }
     }

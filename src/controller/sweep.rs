@@ -24,8 +24,10 @@ use super::written::Written;
 use crate::protocol::RELEASED_LABEL;
 use crate::protocol::claim::{claim_lock, has_release_mark};
 
-/// How long a sweep request waits for others to join it.
-pub const SWEEP_BATCH: Duration = Duration::from_millis(100);
+/// How long a sweep request waits for others to join it, and the least time between
+/// two sweeps of a namespace. It also leaves the controller time to decide on a
+/// release before its claim is swept, so the [`Tombstones`] are seldom needed.
+pub const SWEEP_BATCH: Duration = Duration::from_secs(1);
 /// How long a released claim's last state is remembered after its deletion at most.
 pub const TOMBSTONE_MEMORY: Duration = Duration::from_secs(120);
 
@@ -102,10 +104,11 @@ pub fn sweepable(lease: &Lease) -> bool {
     lease.labels().contains_key(RELEASED_LABEL)
 }
 
-/// Batches the sweeps of each namespace: at most one waiting per namespace, and the
-/// claims each was asked for, to tell [`Written`] which deletions were taken.
+/// Batches the sweeps of each namespace: one at a time per namespace, each taking every
+/// claim asked for until it starts, and telling [`Written`] which deletions were taken.
 pub struct Sweeper {
     client: kube::Client,
+    /// Per namespace with a sweep task: the claims asked for since its last sweep began.
     pending: Mutex<HashMap<String, BTreeSet<String>>>,
 }
 
@@ -122,32 +125,31 @@ impl Sweeper {
     pub fn request(self: &Arc<Self>, ns: &str, claim: &str, written: &Arc<Written>) {
         let mut pending = self.pending.lock().expect("sweeper lock poisoned");
         if let Some(claims) = pending.get_mut(ns) {
-            claims.insert(claim.to_string());
+            claims.insert(claim.to_string()); // the namespace's task takes it
             return;
         }
         pending.insert(ns.to_string(), BTreeSet::from([claim.to_string()]));
         let (me, ns, written) = (self.clone(), ns.to_string(), written.clone());
         tokio::spawn(async move {
-            tokio::time::sleep(SWEEP_BATCH).await;
-            let claims = me
-                .pending
-                .lock()
-                .expect("sweeper lock poisoned")
-                .remove(&ns)
-                .unwrap_or_default();
-            me.sweep(&ns, &claims, &written).await;
+            loop {
+                tokio::time::sleep(SWEEP_BATCH).await; // let others join this sweep
+                let asked = {
+                    let mut pending = me.pending.lock().expect("sweeper lock poisoned");
+                    let asked = pending.get_mut(&ns).map(std::mem::take).unwrap_or_default();
+                    if asked.is_empty() {
+                        pending.remove(&ns);
+                        return;
+                    }
+                    asked
+                };
+                me.sweep(&ns, &asked, &written).await;
+            }
         });
     }
 
     async fn sweep(&self, ns: &str, asked: &BTreeSet<String>, written: &Written) {
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), ns);
-        // From the API server's cache: a released claim this controller has seen is
-        // there already (its watch is served from it).
-        let list = ListParams::default().labels(RELEASED_LABEL).match_any();
-        match leases.delete_collection(&DeleteParams::default(), &list).await {
-            Ok(answer) if answer.is_left() => {
-                let deleted = answer.left().expect("checked: a list");
-                let taken: BTreeSet<String> = deleted.items.iter().map(|l| l.name_any()).collect();
+        match self.delete_released(ns).await {
+            Ok(taken) => {
                 tracing::debug!(namespace = ns, swept = taken.len(), "swept released claims");
                 for claim in asked {
                     if taken.contains(claim) {
@@ -157,12 +159,26 @@ impl Sweeper {
                     }
                 }
             }
-            Ok(_) => asked.iter().for_each(|c| written.delete_done(ns, c)),
             Err(e) => {
                 tracing::warn!(namespace = ns, error = %e, "sweeping released claims failed; will retry");
                 asked.iter().for_each(|c| written.delete_failed(ns, c));
             }
         }
+    }
+
+    /// One `deletecollection` of the namespace's released claims; the names it deleted.
+    /// (The API server lists the namespace's Leases from etcd for it: a list from its
+    /// watch cache, `resourceVersion=0`, becomes a precondition on every deletion in
+    /// v1.20 and fails them all. Hence the batching: one such list per [`SWEEP_BATCH`]
+    /// and namespace at most.)
+    async fn delete_released(&self, ns: &str) -> Result<BTreeSet<String>, kube::Error> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), ns);
+        let list = ListParams::default().labels(RELEASED_LABEL);
+        let deleted = leases.delete_collection(&DeleteParams::default(), &list).await?;
+        Ok(deleted
+            .left()
+            .map(|l| l.items.iter().map(|l| l.name_any()).collect())
+            .unwrap_or_default())
     }
 }
 

@@ -50,7 +50,9 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
 
     let claims = Arc::new(super::claims::ClaimIndex::default());
     let tombstones = Arc::new(super::sweep::Tombstones::default());
+    let written = Arc::new(super::written::Written::default());
     let (t, index, buried) = (tracker.clone(), claims.clone(), tombstones.clone());
+    let (statuses, wrote) = (lock_store.clone(), written.clone());
     let leases = watcher(
         opts.api::<Lease>(&client),
         watcher::Config::default().labels(protocol::LOCK_LABEL),
@@ -64,7 +66,9 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         match ev {
             watcher::Event::Apply(l) | watcher::Event::InitApply(l) => t.observe(l, Instant::now()),
             watcher::Event::Delete(l) => {
-                buried.bury(l, Instant::now());
+                if named_in_status(&statuses, &wrote, l) {
+                    buried.bury(l, Instant::now()); // deleted before its lock decided on it
+                }
                 t.forget(l, Instant::now())
             }
             watcher::Event::Init => t.relist_started(),
@@ -97,7 +101,7 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         recorder,
         event_budget: Default::default(),
         metrics: metrics.clone(),
-        written: Default::default(),
+        written,
         tombstones,
         sweeper: Arc::new(super::sweep::Sweeper::new(client.clone())),
         mirrors,
@@ -155,6 +159,23 @@ where
         .await
         .is_err()
     {}
+}
+
+/// Whether the status of the lock a claim asks for still names it, as a holder or a
+/// waiter, as cached or as this controller last wrote it: only then is its deletion
+/// news the lock must decide on.
+fn named_in_status(locks: &Store<DistributedLock>, written: &super::written::Written, lease: &Lease) -> bool {
+    let (Some(ns), Some(lock)) = (lease.namespace(), protocol::claim::claim_lock(lease)) else {
+        return false;
+    };
+    let claim = lease.name_any();
+    let names = |l: &DistributedLock| {
+        l.status
+            .as_ref()
+            .is_some_and(|s| s.holders.iter().any(|h| h.claim == claim) || s.queue.iter().any(|w| w.claim == claim))
+    };
+    let cached = locks.get(&ObjectRef::new(lock).within(&ns));
+    cached.as_deref().is_some_and(names) || written.last_written(&ns, lock).as_ref().is_some_and(names)
 }
 
 /// The lock a claim asks for; warns (once) when no such lock exists yet.

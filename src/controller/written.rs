@@ -94,6 +94,13 @@ impl Written {
         sent.remove(&(ns.to_string(), name.to_string()));
     }
 
+    /// The lock `ns`/`name` as this controller last wrote it, while its lock watch
+    /// has not shown that write yet.
+    pub fn last_written(&self, ns: &str, name: &str) -> Option<DistributedLock> {
+        let map = self.statuses.lock().expect("written lock poisoned");
+        map.get(&(ns.to_string(), name.to_string())).map(|(_, l)| l.clone())
+    }
+
     /// Forget a lock (deleted).
     pub fn forget(&self, lock: &DistributedLock) {
         self.statuses.lock().expect("written lock poisoned").remove(&key(lock));
