@@ -170,14 +170,19 @@ async fn run_etcd(
     let out = scale::drive_etcd(client, &ns, etcd, locks, claimants, RUN_DEADLINE).await?;
     tokio::time::sleep(Duration::from_secs(2)).await; // the mirror's last status writes
     let what = format!("{locks:>5} locks × {claimants} (etcd backend, flat out)");
-    report(client, controller, &before, &out, &what).await
+    report(client, &controller, &before, &out, &what).await?;
+    // The run's locks go while its controller runs (it lets them go: the finalizer),
+    // so the next run's controller holds only its own.
+    scale::remove_locks(client, &ns).await?;
+    drop(controller);
+    Ok(())
 }
 
 /// Stop the run's controller and print its row: `before` is the API server's write
 /// counters from before the run.
 async fn report(
     client: &Client,
-    controller: Controller,
+    controller: &Controller,
     before: &std::collections::BTreeMap<(String, String), f64>,
     out: &Outcome,
     what: &str,
@@ -185,7 +190,6 @@ async fn report(
     let (peak_kib, _) = controller.rss_kib();
     let cpu = controller.cpu_seconds();
     let after = stats::api_writes(client).await?;
-    drop(controller);
     let (writes, parts) = stats::writes_per_grant(before, &after, out.grants);
     let handoffs = Series::new("handoff", "", out.handoffs.clone());
     if let Some(w) = out.warmup {
@@ -230,5 +234,10 @@ async fn run(
     let out: Outcome = scale::drive(client, &workload, rate, RUN_DEADLINE).await?;
     let offered = rate.map_or("flat out".to_string(), |r| format!("{r}/s offered"));
     let what = format!("{locks:>5} locks × {claimants} ({offered:>12})");
-    report(client, controller, &before, &out, &what).await
+    report(client, &controller, &before, &out, &what).await?;
+    // The run's locks go while its controller runs (it lets them go: the finalizer),
+    // so the next run's controller holds only its own.
+    scale::remove_locks(client, ns).await?;
+    drop(controller);
+    Ok(())
 }

@@ -154,6 +154,23 @@ struct LockRun {
     last_token: i64,
 }
 
+/// Delete every lock in `ns` and wait until they are gone (a controller must run: it
+/// removes their finalizer).
+pub async fn remove_locks(client: &Client, ns: &str) -> anyhow::Result<()> {
+    let api: Api<DistributedLock> = Api::namespaced(client.clone(), ns);
+    api.delete_collection(&Default::default(), &Default::default()).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    let one = kube::api::ListParams::default().limit(1);
+    while !api.list(&one).await?.items.is_empty() {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the locks of {ns} were not let go within 300 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await; // a benchmark's wait, not a test's
+    }
+    Ok(())
+}
+
 /// Release each grant as soon as the lock's status shows it (`rate`: at most that many
 /// releases per second, from when every lock has had its first grant, so the paced
 /// phase measures steady state, not the controller's start-up), until every claim was
