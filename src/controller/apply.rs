@@ -96,7 +96,11 @@ async fn publish_events(ctx: &Context, lock: &DistributedLock, actions: &[crate:
     let reference = lock.object_ref(&());
     for a in actions {
         let Some(ev) = event_for(a, &ns) else { continue };
-        if ev.type_ == EventType::Normal && !ctx.event_budget.take(std::time::Instant::now()) {
+        let budget = match ev.type_ {
+            EventType::Normal => &ctx.event_budget,
+            EventType::Warning => &ctx.warning_budget,
+        };
+        if !budget.take(std::time::Instant::now()) {
             ctx.metrics.events_suppressed.inc();
             continue;
         }
@@ -109,6 +113,10 @@ async fn publish_events(ctx: &Context, lock: &DistributedLock, actions: &[crate:
 /// Publish a Warning event on the lock itself (in a task of its own).
 pub fn warn_on_lock(ctx: &Arc<Context>, lock: &DistributedLock, reason: &'static str, note: String) {
     tracing::warn!(lock = lock.name_any(), reason, note, "lock warning");
+    if !ctx.warning_budget.take(std::time::Instant::now()) {
+        ctx.metrics.events_suppressed.inc();
+        return;
+    }
     let ctx = ctx.clone();
     let reference = lock.object_ref(&());
     let ev = Event {
@@ -183,6 +191,10 @@ fn event_for(a: &crate::decide::Action, ns: &str) -> Option<Event> {
 pub fn publish_warnings(ctx: &Arc<Context>, warnings: &[(Arc<Lease>, &'static str, String)]) {
     for (lease, reason, note) in warnings {
         tracing::warn!(claim = lease.name_any(), reason, note, "bad claim");
+        if !ctx.warning_budget.take(std::time::Instant::now()) {
+            ctx.metrics.events_suppressed.inc();
+            continue;
+        }
         let ctx = ctx.clone();
         let reference = lease.object_ref(&());
         let ev = Event {

@@ -2,8 +2,11 @@
 //! bucket's worth across the whole controller — every grant's event while locks are
 //! quiet, a bounded trickle under load — because events are API writes, and at scale
 //! they would cost more than the grants themselves. Warning events (revocations, bad
-//! claims, an unreachable etcd) always go. Suppressed events are counted in the
-//! `leasehold_events_suppressed` metric.
+//! claims, an unreachable etcd) have a budget of their own, ten times larger: they
+//! are what users look for, but a storm of them (10,000 claims of a deleted lock, each
+//! warned once) must not become 10,000 API writes and as many requests held in memory
+//! at once. Suppressed events are counted in the `leasehold_events_suppressed` metric;
+//! every warning is logged either way.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -12,6 +15,11 @@ use std::time::Instant;
 pub const EVENT_BURST: f64 = 50.0;
 /// How many Normal events per second may go under sustained load.
 pub const EVENTS_PER_SECOND: f64 = 10.0;
+
+/// How many Warning events may go at once after a quiet spell.
+pub const WARNING_BURST: f64 = 500.0;
+/// How many Warning events per second may go under sustained load.
+pub const WARNINGS_PER_SECOND: f64 = 100.0;
 
 /// A token bucket, filled at `rate` per second up to `burst`.
 #[derive(Debug)]
@@ -28,6 +36,11 @@ impl Default for Budget {
 }
 
 impl Budget {
+    /// The Warning events' budget, full at `now`.
+    pub fn warnings(now: Instant) -> Self {
+        Budget::new(WARNING_BURST, WARNINGS_PER_SECOND, now)
+    }
+
     /// A full bucket of `burst` tokens at `now`, refilled at `rate` per second.
     pub fn new(burst: f64, rate: f64, now: Instant) -> Self {
         Budget {
@@ -70,5 +83,16 @@ mod tests {
         // A long quiet spell refills only up to the burst.
         let later = t0 + Duration::from_secs(3600);
         assert_eq!((0..10).filter(|_| b.take(later)).count(), 3);
+    }
+
+    #[test]
+    fn a_storm_of_warnings_is_bounded_and_larger_than_the_normal_budget() {
+        let t0 = Instant::now();
+        let w = Budget::warnings(t0);
+        let storm = (0..10_000).filter(|_| w.take(t0)).count();
+        assert_eq!(storm, WARNING_BURST as usize, "10,000 warnings at once: the burst goes");
+        let second = (0..10_000).filter(|_| w.take(t0 + Duration::from_secs(1))).count();
+        assert_eq!(second, WARNINGS_PER_SECOND as usize);
+        const { assert!(WARNING_BURST > EVENT_BURST && WARNINGS_PER_SECOND > EVENTS_PER_SECOND) };
     }
 }

@@ -27,6 +27,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// How many Normal events may go now.
     pub event_budget: super::budget::Budget,
+    /// How many Warning events may go now.
+    pub warning_budget: super::budget::Budget,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
     /// This controller's status writes its lock watch has not shown yet, and the claim

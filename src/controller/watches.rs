@@ -107,6 +107,7 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         tracker,
         recorder,
         event_budget: Default::default(),
+        warning_budget: super::budget::Budget::warnings(Instant::now()),
         metrics: metrics.clone(),
         written,
         tombstones,

@@ -155,7 +155,7 @@ struct LockRun {
 }
 
 /// Delete every lock in `ns` and wait until they are gone (a controller must run: it
-/// removes their finalizer).
+/// removes their finalizer), then every claim left in `ns`.
 pub async fn remove_locks(client: &Client, ns: &str) -> anyhow::Result<()> {
     let api: Api<DistributedLock> = Api::namespaced(client.clone(), ns);
     api.delete_collection(&Default::default(), &Default::default()).await?;
@@ -168,6 +168,12 @@ pub async fn remove_locks(client: &Client, ns: &str) -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(200)).await; // a benchmark's wait, not a test's
     }
+    // Claims released at the end and not swept yet: gone too, so the next run's
+    // controller does not start with orphaned claims (each warned about once).
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    leases
+        .delete_collection(&Default::default(), &Default::default())
+        .await?;
     Ok(())
 }
 
