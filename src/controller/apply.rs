@@ -24,8 +24,8 @@ use crate::decide::ActionKind;
 pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
     let d = &plan.decision;
     let (ns, name) = (lock.namespace().unwrap_or_default(), lock.name_any());
-    let named = |c: &str| d.status.holders.iter().any(|h| h.claim == c) || d.status.queue.iter().any(|w| w.claim == c);
-    ctx.tombstones.settle(&ns, &name, named);
+    ctx.tombstones
+        .settle(&ns, &name, |c| crate::protocol::names_claim(&d.status, c));
     let m = &ctx.metrics;
     m.set_queue_depth(&ns, &name, d.status.queue.len());
     let granted_any = d.actions.iter().any(|a| matches!(a.kind, ActionKind::Granted(_)));
@@ -96,12 +96,7 @@ async fn publish_events(ctx: &Context, lock: &DistributedLock, actions: &[crate:
     let reference = lock.object_ref(&());
     for a in actions {
         let Some(ev) = event_for(a, &ns) else { continue };
-        let budget = match ev.type_ {
-            EventType::Normal => &ctx.event_budget,
-            EventType::Warning => &ctx.warning_budget,
-        };
-        if !budget.take(std::time::Instant::now()) {
-            ctx.metrics.events_suppressed.inc();
+        if !within_budget(ctx, &ev.type_) {
             continue;
         }
         if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
@@ -110,11 +105,24 @@ async fn publish_events(ctx: &Context, lock: &DistributedLock, actions: &[crate:
     }
 }
 
+/// Whether an event of `type_` may go now (its budget, see [`super::budget`]); one
+/// that may not is counted as suppressed.
+fn within_budget(ctx: &Context, type_: &EventType) -> bool {
+    let budget = match type_ {
+        EventType::Normal => &ctx.event_budget,
+        EventType::Warning => &ctx.warning_budget,
+    };
+    let ok = budget.take(std::time::Instant::now());
+    if !ok {
+        ctx.metrics.events_suppressed.inc();
+    }
+    ok
+}
+
 /// Publish a Warning event on the lock itself (in a task of its own).
 pub fn warn_on_lock(ctx: &Arc<Context>, lock: &DistributedLock, reason: &'static str, note: String) {
     tracing::warn!(lock = lock.name_any(), reason, note, "lock warning");
-    if !ctx.warning_budget.take(std::time::Instant::now()) {
-        ctx.metrics.events_suppressed.inc();
+    if !within_budget(ctx, &EventType::Warning) {
         return;
     }
     let ctx = ctx.clone();
@@ -191,8 +199,7 @@ fn event_for(a: &crate::decide::Action, ns: &str) -> Option<Event> {
 pub fn publish_warnings(ctx: &Arc<Context>, warnings: &[(Arc<Lease>, &'static str, String)]) {
     for (lease, reason, note) in warnings {
         tracing::warn!(claim = lease.name_any(), reason, note, "bad claim");
-        if !ctx.warning_budget.take(std::time::Instant::now()) {
-            ctx.metrics.events_suppressed.inc();
+        if !within_budget(ctx, &EventType::Warning) {
             continue;
         }
         let ctx = ctx.clone();

@@ -111,10 +111,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     let stopped_pods = uids.filter(|uid| tracker.pod_stopped(uid)).map(String::from).collect();
     let mut elapsed = BTreeSet::new();
     for h in status.holders.iter().filter(|h| h.revoked.is_some()) {
-        let renewed = leases
-            .iter()
-            .find(|l| l.name_any() == h.claim && !gone_names.contains(&h.claim))
-            .map(|l| tracker.changed_at(l));
+        let renewed = renewed_at(&leases, &tracker, &h.claim);
         let ends = tracker.hold_back_ends(&ns, &name, &h.claim, holder_lease(lease, h), renewed, now);
         if now >= ends {
             elapsed.insert(h.claim.clone());
@@ -148,10 +145,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         .map(|h| h.claim.clone())
         .collect();
     for h in decision.status.holders.iter().filter(|h| h.revoked.is_some()) {
-        let renewed = leases
-            .iter()
-            .find(|l| l.name_any() == h.claim && !gone_names.contains(&h.claim))
-            .map(|l| tracker.changed_at(l));
+        let renewed = renewed_at(&leases, &tracker, &h.claim);
         let ends = tracker.hold_back_ends(&ns, &name, &h.claim, holder_lease(lease, h), renewed, now);
         deadlines.push(ends);
     }
@@ -176,6 +170,13 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         released_seen,
         expired: expired_claims,
     }
+}
+
+/// When the controller last saw `claim` renewed, if it follows it (a claim swept after
+/// its release is followed no more: its hold-back counts from the revocation).
+fn renewed_at(leases: &[Arc<Lease>], tracker: &Tracker, claim: &str) -> Option<Instant> {
+    let lease = leases.iter().find(|l| l.name_any() == claim)?;
+    tracker.last_change(lease)
 }
 
 /// The lease a holder's process may be living by: the longer of the lock's and the one

@@ -139,8 +139,14 @@ impl Tracker {
 
     /// When this controller last saw the claim change (now, if never seen).
     pub fn changed_at(&self, lease: &Lease) -> Instant {
+        self.last_change(lease).unwrap_or_else(Instant::now)
+    }
+
+    /// When this controller last saw the claim change; `None` for a claim it does not
+    /// follow (never seen, or deleted: a tombstone's last state).
+    pub fn last_change(&self, lease: &Lease) -> Option<Instant> {
         let key = (lease.namespace().unwrap_or_default(), lease.name_any());
-        self.claims.get(&key).map_or_else(Instant::now, |s| s.changed_at)
+        self.claims.get(&key).map(|s| s.changed_at)
     }
 
     /// When this controller first saw the claim's release mark (now, if never seen).

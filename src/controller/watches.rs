@@ -177,13 +177,9 @@ fn named_in_status(locks: &Store<DistributedLock>, written: &super::written::Wri
         return false;
     };
     let claim = lease.name_any();
-    let names = |l: &DistributedLock| {
-        l.status
-            .as_ref()
-            .is_some_and(|s| s.holders.iter().any(|h| h.claim == claim) || s.queue.iter().any(|w| w.claim == claim))
-    };
+    let names = |l: &DistributedLock| l.status.as_ref().is_some_and(|s| protocol::names_claim(s, &claim));
     let cached = locks.get(&ObjectRef::new(lock).within(&ns));
-    cached.as_deref().is_some_and(names) || written.last_written(&ns, lock).as_ref().is_some_and(names)
+    cached.as_deref().is_some_and(names) || written.last_written_is(&ns, lock, names)
 }
 
 /// The lock a claim asks for; warns (once) when no such lock exists yet.

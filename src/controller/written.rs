@@ -94,11 +94,12 @@ impl Written {
         sent.remove(&(ns.to_string(), name.to_string()));
     }
 
-    /// The lock `ns`/`name` as this controller last wrote it, while its lock watch
-    /// has not shown that write yet.
-    pub fn last_written(&self, ns: &str, name: &str) -> Option<DistributedLock> {
+    /// Whether the lock `ns`/`name` as this controller last wrote it (while its lock
+    /// watch has not shown that write yet) satisfies `pred`.
+    pub fn last_written_is(&self, ns: &str, name: &str, pred: impl Fn(&DistributedLock) -> bool) -> bool {
         let map = self.statuses.lock().expect("written lock poisoned");
-        map.get(&(ns.to_string(), name.to_string())).map(|(_, l)| l.clone())
+        map.get(&(ns.to_string(), name.to_string()))
+            .is_some_and(|(_, l)| pred(l))
     }
 
     /// Forget a lock (deleted).

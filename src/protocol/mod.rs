@@ -89,6 +89,12 @@ pub fn granted_token(status: &DistributedLockStatus, claim: &str) -> Option<i64>
         .map(|h| h.fencing_token)
 }
 
+/// Whether `status` names `claim`, as a holder (revoked or not) or a waiter: whether
+/// the lock has yet to decide the claim's end.
+pub fn names_claim(status: &DistributedLockStatus, claim: &str) -> bool {
+    status.holders.iter().any(|h| h.claim == claim) || status.queue.iter().any(|w| w.claim == claim)
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

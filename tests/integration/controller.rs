@@ -8,7 +8,6 @@ use futures::StreamExt;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use leasehold::api::{DistributedLockSpec, RevokeReason};
-use leasehold::controller::Options;
 
 use crate::support::*;
 
@@ -157,12 +156,7 @@ async fn unrenewed_claim_expires_and_the_next_waiter_is_granted() {
 #[tokio::test]
 async fn a_stalled_claim_watch_never_expires_a_live_holder() {
     let ns = TestNs::new("stalewatch").await;
-    let dir = std::env::temp_dir().join(format!("leasehold-test-stalewatch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
-    let watches = leasehold::kubeconfig::client_for(&proxied).await.unwrap();
-    let client = split_client(ns.client.clone(), watches);
-    let _c = spawn_controller_with(client, Options::single("stalewatch", Some(&ns.name)));
+    let (proxy, _c) = controller_with_proxied_watches(&ns, "stalewatch").await;
     let _renewing = live_holder_and_waiter(&ns, 3).await;
     // The controller's watches stall for longer than a lease (plus grace) while the
     // holder keeps renewing; its own reads and writes still go through.
@@ -433,12 +427,7 @@ async fn bad_claims_get_warnings_and_block_nothing() {
 #[tokio::test]
 async fn a_claim_swept_before_the_controller_saw_its_release_passes_the_slot_at_once() {
     let ns = TestNs::new("sweptrel").await;
-    let dir = std::env::temp_dir().join(format!("leasehold-test-sweptrel-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
-    let watches = leasehold::kubeconfig::client_for(&proxied).await.unwrap();
-    let client = split_client(ns.client.clone(), watches);
-    let _c = spawn_controller_with(client, Options::single("sweptrel", Some(&ns.name)));
+    let (proxy, _c) = controller_with_proxied_watches(&ns, "sweptrel").await;
     ns.lock("l", spec(60, 1)).await;
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
     let ca = claim(&ns, "l", &a, 60).await;

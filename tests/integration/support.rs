@@ -306,6 +306,18 @@ pub async fn proxied_kubeconfig(dir: &Path) -> (Proxy, PathBuf) {
     (proxy, proxied)
 }
 
+/// A controller for `ns` (identity `name`) whose watches go through a proxy the test
+/// can stall, while its reads and writes go direct.
+pub async fn controller_with_proxied_watches(ns: &TestNs, name: &str) -> (Proxy, tokio::task::JoinHandle<()>) {
+    let dir = std::env::temp_dir().join(format!("leasehold-test-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
+    let watches = leasehold::kubeconfig::client_for(&proxied).await.unwrap();
+    let client = split_client(ns.client.clone(), watches);
+    let opts = leasehold::controller::Options::single(name, Some(&ns.name));
+    (proxy, spawn_controller_with(client, opts))
+}
+
 /// A client that sends watch requests through `watches` and every other request
 /// through `direct`: a test can then stall one controller's watches while its reads
 /// and writes go through.
