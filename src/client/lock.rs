@@ -208,7 +208,14 @@ impl Lock {
         let (session, renewal) = Session::create(leases, &self.name, &self.identity, secs).await?;
         // If this future is dropped from here on, the claim is withdrawn.
         let mut withdraw = Withdraw(Some(session.clone()));
-        let outcome = self.wait_grant(&mut events, &session, &mode, exists).await;
+        let mut outcome = self.wait_grant(&mut events, &session, &mode, exists).await;
+        if let Ok(Outcome::Granted(_)) = outcome {
+            // A waiter renews slowly: act only once its last write's deadline is ahead.
+            if let Err(reason) = session.hold().await {
+                tracing::warn!(claim = session.claim, ?reason, "the claim was lost as it was granted");
+                outcome = Err(Error::ClaimLost(session.claim.clone()));
+            }
+        }
         withdraw.0 = None;
         match outcome {
             Ok(Outcome::Granted(token)) => {

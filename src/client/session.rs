@@ -3,8 +3,11 @@
 //!
 //! One background task owns the renewals; whoever else learns that the claim is lost
 //! (the lock's watch seeing a revocation) reports it through [`Session::lose`]. The
-//! timing follows [`crate::protocol::timing`]: `lost` is published no later than
-//! [`client_stop_by`] the moment the last successful write was sent.
+//! timing follows [`crate::protocol::timing`]: while the claim waits it is renewed every
+//! [`wait_renew_interval`]; from [`Session::hold`] on, every [`renew_interval`], and
+//! `lost` is published no later than [`client_stop_by`] the moment the last successful
+//! write was sent. `hold` returns only while that deadline is ahead: a waiter granted
+//! long after its last write renews first.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +21,7 @@ use tokio::time::Instant;
 use super::Error;
 use crate::protocol::claim::{self, PodIdentity};
 use crate::protocol::release::Secret;
-use crate::protocol::timing::{client_stop_by, renew_interval, renew_timeout};
+use crate::protocol::timing::{client_stop_by, renew_interval, renew_timeout, safety_margin, wait_renew_interval};
 
 /// Where a claim's session stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +57,23 @@ pub(crate) struct Session {
     /// How the claim is given up.
     release: Release,
     state: watch::Sender<State>,
+    /// Since when the claim holds (renewed at the holder's pace, its deadline
+    /// enforced); `None` while it waits.
+    holding: watch::Sender<Option<Instant>>,
+    /// [`client_stop_by`] the last successful write: how long a holder may act.
+    valid_until: watch::Sender<Instant>,
+}
+
+/// How a session renews its claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Cadence {
+    /// Slowly while it waits ([`wait_renew_interval`]), at the holder's pace from
+    /// [`Session::hold`] on: a claim Lease, which the controller judges by its wait lease
+    /// while it waits.
+    Waiting,
+    /// At the holder's pace from the start, its deadline enforced from the start (an
+    /// etcd key, whose lease etcd expires by the claim's own lease).
+    Holding,
 }
 
 /// How a claim is given up, by backend. (One per claim: its size does not matter.)
@@ -128,25 +148,28 @@ impl Session {
             name,
             lease,
             Release::Kube { leases, secret },
-            sent,
+            (sent, Cadence::Waiting),
             renewer,
         ))
     }
 
-    /// A session for a claim created when `sent` was sent, renewed by `renewer`.
+    /// A session for a claim created when `sent` was sent, renewed by `renewer` at `cadence`.
     pub fn start(
         claim: String,
         lease: Duration,
         release: Release,
-        sent: Instant,
+        (sent, cadence): (Instant, Cadence),
         renewer: impl Renewer,
     ) -> (Arc<Session>, JoinHandle<()>) {
         let (state, _) = watch::channel(State::Live);
+        let holding = (cadence == Cadence::Holding).then_some(sent);
         let session = Arc::new(Session {
             claim,
             lease,
             release,
             state,
+            holding: watch::channel(holding).0,
+            valid_until: watch::channel(client_stop_by(sent, lease)).0,
         });
         let task = tokio::spawn(renew(session.clone(), sent, renewer));
         (session, task)
@@ -160,6 +183,32 @@ impl Session {
     /// Whether the claim still stands.
     pub fn is_live(&self) -> bool {
         *self.state.borrow() == State::Live
+    }
+
+    /// The claim was granted: renew at the holder's pace and enforce the deadline from
+    /// now on. Returns once the deadline of the last successful write is at least
+    /// [`safety_margin`] ahead (at once, unless the claim's last write is that old: then
+    /// after a renewal), or the session's loss.
+    pub async fn hold(&self) -> Result<(), LostReason> {
+        let since = Instant::now();
+        self.holding
+            .send_if_modified(|h| h.is_none() && h.replace(since).is_none());
+        let mut valid = self.valid_until.subscribe();
+        let mut state = self.state();
+        loop {
+            match *state.borrow_and_update() {
+                State::Lost(reason) => return Err(reason),
+                State::Ended => return Err(LostReason::Revoked),
+                State::Live => {}
+            }
+            if Instant::now() + safety_margin(self.lease) < *valid.borrow_and_update() {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = valid.changed() => {}
+                _ = state.changed() => {}
+            }
+        }
     }
 
     /// Completes once the session is lost.
@@ -223,34 +272,47 @@ async fn mark_released(leases: &Api<Lease>, name: &str, secret: &Secret) -> Resu
     }
 }
 
-/// Renew every [`renew_interval`] while the session is live; publish `Lost` when the
-/// claim is gone or when renewals have failed until the safety deadline. The deadline
-/// fires on time whatever request is in flight: a black-holed connection, where a
-/// request hangs until its timeout, must not delay it.
+/// Renew while the session is live: every [`wait_renew_interval`] while the claim
+/// waits, every [`renew_interval`] once it holds. Publish `Lost` when the claim is gone,
+/// or when renewals of a held claim failed until the safety deadline (a claim granted
+/// with its deadline passed has its lease to renew). The deadline fires on time
+/// whatever request is in flight: a black-holed connection, where a request hangs
+/// until its timeout, must not delay it.
 async fn renew(session: Arc<Session>, created_sent: Instant, mut renewer: impl Renewer) {
     let (name, lease) = (session.claim.as_str(), session.lease);
     let mut state = session.state();
-    let mut deadline = client_stop_by(created_sent, lease);
-    let mut next = created_sent + renew_interval(lease);
+    let mut holding = session.holding.subscribe();
+    let mut last_sent = created_sent;
+    let mut retry_at = None;
     let mut backoff = Duration::from_millis(100);
     loop {
+        let held = holding.borrow_and_update().is_some();
+        let interval = if held {
+            renew_interval(lease)
+        } else {
+            wait_renew_interval(lease)
+        };
+        let next = retry_at.unwrap_or(last_sent + interval);
+        let deadline = client_stop_by(last_sent, lease);
         tokio::select! {
             _ = state.wait_for(|s| *s != State::Live) => return,
-            _ = tokio::time::sleep_until(deadline) => return give_up(&session),
+            _ = give_up_due(session.holding.subscribe(), deadline, lease) => return give_up(&session),
+            _ = holding.changed() => continue,
             _ = tokio::time::sleep_until(next) => {}
         }
         let sent = Instant::now();
         let request = tokio::time::timeout(renew_timeout(lease), renewer.renew());
         let outcome = tokio::select! {
             _ = state.wait_for(|s| *s != State::Live) => return,
-            _ = tokio::time::sleep_until(deadline) => return give_up(&session),
+            _ = give_up_due(session.holding.subscribe(), deadline, lease) => return give_up(&session),
             outcome = request => outcome,
         };
         match outcome {
             Ok(Renewal::Renewed) => {
-                deadline = client_stop_by(sent, lease);
-                next = sent + renew_interval(lease);
+                last_sent = sent;
+                retry_at = None;
                 backoff = Duration::from_millis(100);
+                session.valid_until.send_replace(client_stop_by(sent, lease));
             }
             Ok(Renewal::Gone) => {
                 tracing::warn!(claim = name, "claim is gone (forced release): giving up the grant");
@@ -263,8 +325,34 @@ async fn renew(session: Arc<Session>, created_sent: Instant, mut renewer: impl R
                     _ => "timed out".to_string(),
                 };
                 tracing::warn!(claim = name, error, "renewal failed; retrying");
-                next = Instant::now() + backoff;
+                retry_at = Some(Instant::now() + backoff);
                 backoff = (backoff * 2).min(renew_interval(lease));
+            }
+        }
+    }
+}
+
+/// Completes when a held claim must give up: at `deadline` (the last successful
+/// write's) when [`Session::hold`] could have returned on it (it was at least
+/// [`safety_margin`] ahead when the claim was first held); otherwise a lease after the
+/// claim was held, time for renewals to restore a deadline before `hold` returns.
+/// Never while the claim waits.
+async fn give_up_due(mut holding: watch::Receiver<Option<Instant>>, deadline: Instant, lease: Duration) {
+    loop {
+        let since = *holding.borrow_and_update();
+        let usable = |since: Instant| deadline > since + safety_margin(lease);
+        let at = since.map(|since| if usable(since) { deadline } else { since + lease });
+        tokio::select! {
+            _ = async {
+                match at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => return,
+            changed = holding.changed() => {
+                if changed.is_err() {
+                    std::future::pending::<()>().await;
+                }
             }
         }
     }
@@ -319,6 +407,10 @@ mod tests {
             let sent = Instant::now();
             let leases = black_holed_after_create(Duration::from_millis(100));
             let (session, task) = Session::create(leases, "l", &identity(), secs as i32).await.unwrap();
+            session
+                .hold()
+                .await
+                .expect("granted right after the create: its deadline is ahead");
             session.lost().await;
             let at = Instant::now() - sent;
             assert!(
@@ -329,5 +421,90 @@ mod tests {
             assert_eq!(*session.state().borrow(), State::Lost(LostReason::RenewalsFailed));
             task.await.unwrap();
         }
+    }
+
+    /// A client whose claim create is answered at once and whose renewals (PATCHes)
+    /// are answered after `patch_takes`, counting them.
+    fn counting_patches(patch_takes: Duration) -> (Api<Lease>, Arc<std::sync::atomic::AtomicUsize>) {
+        let patches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = patches.clone();
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let seen = seen.clone();
+            async move {
+                if req.method() == http::Method::PATCH {
+                    tokio::time::sleep(patch_takes).await;
+                    seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                let lease = serde_json::json!({
+                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": { "name": "l-1", "namespace": "ns", "resourceVersion": "1" },
+                });
+                Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(lease.to_string()))))
+            }
+        });
+        (Api::namespaced(kube::Client::new(service, "ns"), "ns"), patches)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_claim_writes_once_a_minute_and_a_held_one_every_third_of_its_lease() {
+        let (leases, patches) = counting_patches(Duration::from_millis(5));
+        let (session, _task) = Session::create(leases, "l", &identity(), 15).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        let waiting = patches.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(waiting <= 10, "{waiting} renewals in 10 minutes of waiting");
+        assert!(waiting >= 9, "{waiting} renewals in 10 minutes: a waiter still renews");
+        assert!(session.is_live(), "a waiter whose deadline passed is not lost");
+        session.hold().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let holding = patches.load(std::sync::atomic::Ordering::SeqCst) - waiting;
+        assert!(
+            (12..=13).contains(&holding),
+            "{holding} renewals in a minute of holding a 15 s lease"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_granted_after_its_deadline_holds_only_once_a_renewal_is_acknowledged() {
+        let lease = Duration::from_secs(15);
+        let takes = Duration::from_secs(2);
+        let (leases, patches) = counting_patches(takes);
+        let (session, _task) = Session::create(leases, "l", &identity(), 15).await.unwrap();
+        // Granted 100 s on: its last write (the renewal at 60 s) stops it by 71.25 s.
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        let before = patches.load(std::sync::atomic::Ordering::SeqCst);
+        let granted = Instant::now();
+        session.hold().await.unwrap();
+        assert_eq!(
+            patches.load(std::sync::atomic::Ordering::SeqCst),
+            before + 1,
+            "holds on a renewal"
+        );
+        assert!(
+            Instant::now() >= granted + takes,
+            "not before the renewal is acknowledged"
+        );
+        let valid = *session.valid_until.borrow();
+        assert_eq!(
+            valid,
+            client_stop_by(granted, lease),
+            "counted from the renewal's sending"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_is_not_lost_to_failing_renewals_but_a_claim_granted_then_is_within_its_lease() {
+        let lease = Duration::from_secs(15);
+        let leases = black_holed_after_create(Duration::from_millis(100));
+        let (session, task) = Session::create(leases, "l", &identity(), 15).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        assert!(session.is_live(), "waiting: no deadline to miss");
+        let granted = Instant::now();
+        assert_eq!(session.hold().await, Err(LostReason::RenewalsFailed));
+        assert!(
+            Instant::now() <= granted + lease,
+            "gave up {:?} after the grant",
+            granted.elapsed()
+        );
+        task.await.unwrap();
     }
 }

@@ -51,11 +51,15 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     let mut leases = claims_of(ctx, lock);
     // Claims swept after their release before this lock decided on them: their last
     // state, release mark and all (see `sweep`).
+    // Claims this controller deleted as expired count as such until status drops them,
+    // whatever the store still shows.
+    let buried = ctx.tombstones.of_lock(&ns, &name, now);
+    let expired_gone: BTreeSet<String> = buried.iter().filter(|(_, e)| *e).map(|(l, _)| l.name_any()).collect();
+    leases.retain(|l| !expired_gone.contains(&l.name_any()));
     let live: BTreeSet<String> = leases.iter().map(|l| l.name_any()).collect();
-    let gone: Vec<Arc<Lease>> = ctx
-        .tombstones
-        .of_lock(&ns, &name, now)
+    let gone: Vec<Arc<Lease>> = buried
         .into_iter()
+        .map(|(l, _)| l)
         .filter(|l| !live.contains(&l.name_any()))
         .collect();
     let gone_names: BTreeSet<String> = gone.iter().map(|l| l.name_any()).collect();
@@ -78,8 +82,15 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         let recorded = recorded.and_then(|h| h.lease_duration_seconds).unwrap_or(0);
         let own = claim::claim_lease_duration(lease_obj)
             .max(Duration::from_secs(recorded.clamp(0, MAX_LEASE_SECONDS) as u64));
-        let buried = gone_names.contains(&name_of);
-        let expired = if buried {
+        // A waiter (queued or new) lives by its wait lease, a holder by its lease.
+        let holds = status.holders.iter().any(|h| h.claim == name_of);
+        let own = match claim::claim_wait_lease(lease_obj) {
+            Some(wait) if !holds => own.max(wait),
+            _ => own,
+        };
+        let expired = if expired_gone.contains(&name_of) {
+            true // deleted by this controller as expired
+        } else if gone_names.contains(&name_of) {
             false // released, and gone: nothing left to expire
         } else {
             let expires = tracker.expires_at(lease_obj, lease, own, now);

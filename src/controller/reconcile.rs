@@ -15,7 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::controller::Action as Requeue;
 use tracing::instrument;
 
@@ -41,6 +41,9 @@ pub enum Error {
     /// Reading a claim afresh before expiring it failed.
     #[error("confirming the expiry of claim {0}: {1}")]
     ConfirmExpiry(String, #[source] kube::Error),
+    /// Deleting a claim confirmed expired failed.
+    #[error("deleting expired claim {0}: {1}")]
+    Expire(String, #[source] kube::Error),
     /// A claim judged expired is gone, and the claim watch has not shown it yet.
     #[error("claim {0} is gone but the claim watch has not shown it yet; waiting for it")]
     ClaimGoneUnseen(String),
@@ -63,6 +66,7 @@ impl Error {
             Error::Reread(..) => "reread",
             Error::ConfirmExpiry(..) => "confirm_expiry",
             Error::ClaimGoneUnseen(..) => "claim_gone_unseen",
+            Error::Expire(..) => "expire",
             Error::Conflicts(..) => "conflicts",
             Error::Etcd(e) => e.category(),
             Error::Finalizer(e) => e.category(),
@@ -168,31 +172,74 @@ pub async fn write_status(
 /// Expiry is never judged from a view that may be stale: the claims this plan expires
 /// are read afresh (a quorum read), and a claim renewed where the watch could not show
 /// it (a watch in backoff, or stalled on a half-open connection, after an outage of
-/// this controller) counts as renewed now. Returns whether any was.
+/// this controller) counts as renewed now. A claim the read confirms expired is then
+/// deleted under that read's resourceVersion, before any status write frees its slot:
+/// a renewal that lands after the read makes the deletion fail (and counts as seen
+/// now), one sent later finds no claim, so no client holds on a renewal this controller
+/// did not see (see [`crate::protocol`]'s timing contract). Returns whether any claim
+/// was renewed (then plan again).
 async fn renewed_unseen(ctx: &Context, ns: &str, plan: &Plan) -> Result<bool, Error> {
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
     let mut renewed = false;
     for claim in &plan.expired {
         let name = claim.name_any();
-        let fresh = match leases.get_opt(&name).await {
-            Ok(Some(fresh)) => fresh,
-            // Gone, and the watch has not shown it yet: the claim may have been renewed
-            // until just before, so it is no expired claim. Wait for the watch to show
-            // the deletion (then a live holder's slot is held back as for a forced release).
-            Ok(None) => return Err(Error::ClaimGoneUnseen(name)),
-            Err(e) => return Err(Error::ConfirmExpiry(name, e)),
-        };
-        let mut tracker = ctx.tracker.lock().expect("tracker lock poisoned");
-        if tracker.renewed_since(claim, &fresh) {
-            tracing::warn!(
-                claim = name,
-                "the claim watch lags: a renewal it did not show was read afresh"
-            );
-            tracker.observe(&fresh, Instant::now());
+        let fresh = read_claim(&leases, &name).await?;
+        if saw_renewal(ctx, claim, &fresh) {
             renewed = true;
+            continue;
+        }
+        match leases.delete(&name, &expiry_delete(&fresh)).await {
+            Ok(_) => ctx.tombstones.bury_expired(&fresh, Instant::now()),
+            Err(kube::Error::Api(s)) if s.is_conflict() => {
+                // Written since the read: look again (a release mark is no renewal).
+                let again = read_claim(&leases, &name).await?;
+                saw_renewal(ctx, claim, &again);
+                renewed = true;
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Err(Error::ClaimGoneUnseen(name)),
+            Err(e) => return Err(Error::Expire(name, e)),
         }
     }
     Ok(renewed)
+}
+
+/// A claim read afresh (a quorum read); one gone and not yet shown gone by the watch
+/// may have been renewed until just before, so it is no expired claim: wait for the
+/// watch to show the deletion (then a live holder's slot is held back as for a forced
+/// release).
+async fn read_claim(leases: &Api<Lease>, name: &str) -> Result<Lease, Error> {
+    match leases.get_opt(name).await {
+        Ok(Some(fresh)) => Ok(fresh),
+        Ok(None) => Err(Error::ClaimGoneUnseen(name.to_string())),
+        Err(e) => Err(Error::ConfirmExpiry(name.to_string(), e)),
+    }
+}
+
+/// Whether `fresh` shows a renewal of `claim` the watch did not; if so it counts as
+/// seen now.
+fn saw_renewal(ctx: &Context, claim: &Lease, fresh: &Lease) -> bool {
+    let mut tracker = ctx.tracker.lock().expect("tracker lock poisoned");
+    let renewed = tracker.renewed_since(claim, fresh);
+    if renewed {
+        tracing::warn!(
+            claim = claim.name_any(),
+            "the claim watch lags: a renewal it did not show was read afresh"
+        );
+        tracker.observe(fresh, Instant::now());
+    }
+    renewed
+}
+
+/// The deletion that expires a claim: only the claim as read (its UID and
+/// resourceVersion), so a renewal written since makes it fail.
+pub fn expiry_delete(fresh: &Lease) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: fresh.resource_version(),
+            uid: fresh.uid(),
+        }),
+        ..Default::default()
+    }
 }
 
 /// Count the error and retry soon.
@@ -280,4 +327,27 @@ pub fn with_conditions(
         });
     }
     status
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    #[test]
+    fn an_expiry_deletes_only_the_claim_as_read() {
+        let fresh = Lease {
+            metadata: ObjectMeta {
+                name: Some("l-1".into()),
+                uid: Some("uid-1".into()),
+                resource_version: Some("42".into()),
+                ..Default::default()
+            },
+            spec: None,
+        };
+        let body = serde_json::to_value(expiry_delete(&fresh)).unwrap();
+        assert_eq!(body["preconditions"]["resourceVersion"], "42");
+        assert_eq!(body["preconditions"]["uid"], "uid-1");
+    }
 }

@@ -34,36 +34,62 @@ pub const TOMBSTONE_MEMORY: Duration = Duration::from_secs(120);
 /// (namespace, lock).
 type LockKey = (String, String);
 /// A claim's last state, and when its deletion was seen.
-type Buried = (Arc<Lease>, Instant);
+struct Buried {
+    lease: Arc<Lease>,
+    at: Instant,
+    /// This controller deleted it as expired (see [`Tombstones::bury_expired`]).
+    expired: bool,
+}
 
-/// The last state of claims deleted after they were seen with a release mark, by lock.
+/// A remembered claim: its last state, and whether this controller expired it.
+pub type Tombstone = (Arc<Lease>, bool);
+
+/// The last state of claims deleted after they were seen with a release mark, or
+/// deleted by this controller as expired, by lock.
 #[derive(Default)]
 pub struct Tombstones(Mutex<HashMap<LockKey, Vec<Buried>>>);
 
 impl Tombstones {
     /// A claim was deleted (`lease`: its last state): remember it if it was released.
     pub fn bury(&self, lease: &Lease, now: Instant) {
+        if has_release_mark(lease) {
+            self.remember(lease, now, false);
+        }
+    }
+
+    /// This controller deleted `lease` (its state as read just before) as expired: until
+    /// its lock's status no longer names it, it counts as expired, not as a claim gone
+    /// without word (which would hold a holder's slot back a lease).
+    pub fn bury_expired(&self, lease: &Lease, now: Instant) {
+        self.remember(lease, now, true);
+    }
+
+    fn remember(&self, lease: &Lease, now: Instant, expired: bool) {
         let (Some(ns), Some(lock)) = (lease.namespace(), claim_lock(lease)) else {
             return;
         };
-        if !has_release_mark(lease) {
-            return;
-        }
         let mut map = self.0.lock().expect("tombstones lock poisoned");
         let list = map.entry((ns, lock.to_string())).or_default();
-        list.retain(|(l, _)| l.name_any() != lease.name_any());
-        list.push((Arc::new(lease.clone()), now));
+        if list.iter().any(|b| b.expired && b.lease.name_any() == lease.name_any()) {
+            return; // expired by this controller: its own deletion's event changes nothing
+        }
+        list.retain(|b| b.lease.name_any() != lease.name_any());
+        list.push(Buried {
+            lease: Arc::new(lease.clone()),
+            at: now,
+            expired,
+        });
     }
 
     /// The remembered claims of a lock (forgetting those older than the memory).
-    pub fn of_lock(&self, ns: &str, lock: &str, now: Instant) -> Vec<Arc<Lease>> {
+    pub fn of_lock(&self, ns: &str, lock: &str, now: Instant) -> Vec<Tombstone> {
         let mut map = self.0.lock().expect("tombstones lock poisoned");
         let key = (ns.to_string(), lock.to_string());
         let Some(list) = map.get_mut(&key) else {
             return Vec::new();
         };
-        list.retain(|(_, at)| now.saturating_duration_since(*at) < TOMBSTONE_MEMORY);
-        let out = list.iter().map(|(l, _)| l.clone()).collect();
+        list.retain(|b| now.saturating_duration_since(b.at) < TOMBSTONE_MEMORY);
+        let out = list.iter().map(|b| (b.lease.clone(), b.expired)).collect();
         if list.is_empty() {
             map.remove(&key);
         }
@@ -75,7 +101,7 @@ impl Tombstones {
         let mut map = self.0.lock().expect("tombstones lock poisoned");
         let key = (ns.to_string(), lock.to_string());
         if let Some(list) = map.get_mut(&key) {
-            list.retain(|(l, _)| named(&l.name_any()));
+            list.retain(|b| named(&b.lease.name_any()));
             if list.is_empty() {
                 map.remove(&key);
             }
@@ -198,8 +224,25 @@ mod tests {
         }
     }
 
-    fn names(list: &[Arc<Lease>]) -> Vec<String> {
-        list.iter().map(|l| l.name_any()).collect()
+    fn names(list: &[Tombstone]) -> Vec<String> {
+        list.iter().map(|(l, _)| l.name_any()).collect()
+    }
+
+    #[test]
+    fn a_claim_expired_by_this_controller_stays_expired_whatever_its_deletion_event_shows() {
+        let t = Tombstones::default();
+        let now = Instant::now();
+        t.bury_expired(&claim("a", false), now);
+        t.bury(&claim("a", true), now); // its deletion seen later: no change
+        let list = t.of_lock("ns", "l", now);
+        assert_eq!(names(&list), ["a"]);
+        assert!(list[0].1, "counted as expired");
+        assert!(
+            !list[0].0.annotations().contains_key(RELEASED_ANNOTATION),
+            "the state read before deleting"
+        );
+        t.settle("ns", "l", |_| false);
+        assert!(t.is_empty());
     }
 
     #[test]

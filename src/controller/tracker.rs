@@ -89,6 +89,15 @@ impl Tracker {
         }
     }
 
+    /// This controller wrote `claim`'s grant: its expiry counts from no earlier than
+    /// `now`. A waiter renews slowly (its wait lease); as a holder it has a whole lease
+    /// from its grant to renew, and a silent one is found out a lease after its grant.
+    pub fn granted(&mut self, ns: &str, claim: &str, now: Instant) {
+        if let Some(seen) = self.claims.get_mut(&(ns.to_string(), claim.to_string())) {
+            seen.changed_at = seen.changed_at.max(now);
+        }
+    }
+
     /// Whether `fresh` (read just now) shows a renewal of `claim` this tracker has not seen.
     pub fn renewed_since(&self, claim: &Lease, fresh: &Lease) -> bool {
         let key = (claim.namespace().unwrap_or_default(), claim.name_any());
@@ -272,6 +281,25 @@ mod tests {
         assert_eq!(t.changed_at(&claim("a", "1")), t0, "the same renewal is no renewal");
         t.observe(&claim("a", "2"), t0 + Duration::from_secs(6));
         assert_eq!(t.changed_at(&claim("a", "2")), t0 + Duration::from_secs(6));
+    }
+
+    #[test]
+    fn a_holder_granted_long_after_its_last_renewal_has_a_lease_from_its_grant() {
+        let mut t = Tracker::default();
+        let (t0, secs) = (Instant::now(), Duration::from_secs);
+        let (lease, wait) = (secs(15), crate::protocol::timing::WAIT_LEASE);
+        let a = claim("a", "1");
+        // Waiting, judged by its wait lease: a minute without a renewal is no expiry.
+        assert!(t.expires_at(&a, lease, wait, t0) > t0 + secs(60));
+        // Granted 100 s after its last renewal: not expired at the grant, and found
+        // out within one lease plus grace of it if it stays silent.
+        let granted = t0 + secs(100);
+        t.granted("ns", "a", granted);
+        let expires = t.expires_at(&a, lease, lease, granted);
+        assert_eq!(expires, granted + lease + crate::protocol::timing::EXPIRY_GRACE);
+        // A grant never moves an expiry earlier.
+        t.granted("ns", "a", t0);
+        assert_eq!(t.expires_at(&a, lease, lease, granted), expires);
     }
 
     #[test]

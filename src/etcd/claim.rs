@@ -16,7 +16,7 @@ use super::Error;
 use super::keys::{ClaimValue, claim_key, lock_prefix};
 use super::rules::{WakeOn, holds, wake_on};
 use crate::api::EtcdBackend;
-use crate::client::session::{Release, Renewal, Renewer, Session};
+use crate::client::session::{Cadence, Release, Renewal, Renewer, Session};
 use crate::client::{LostReason, State};
 use crate::protocol::PodIdentity;
 use crate::protocol::claim::claim_name;
@@ -165,7 +165,7 @@ pub(crate) async fn create(
         lease_id,
         keeper: None,
     };
-    let (session, task) = Session::start(claim, lease, Release::Etcd(release), sent, renewer);
+    let (session, task) = Session::start(claim, lease, Release::Etcd(release), (sent, Cadence::Holding), renewer);
     let prefix = lock_prefix(backend, ns, name);
     let claim = Claim {
         client,

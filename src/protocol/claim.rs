@@ -9,10 +9,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::release::Secret;
-use super::timing::MAX_LEASE_SECONDS;
+use super::timing::{MAX_LEASE_SECONDS, wait_lease};
 use super::{
     FENCING_TOKEN_ANNOTATION, LOCK_LABEL, POD_UID_ANNOTATION, RELEASE_HASH_ANNOTATION, RELEASED_ANNOTATION,
-    RELEASED_LABEL, REQUESTED_AT_ANNOTATION,
+    RELEASED_LABEL, REQUESTED_AT_ANNOTATION, WAIT_LEASE_ANNOTATION,
 };
 
 /// The identity of the process making a claim: its pod.
@@ -50,9 +50,11 @@ pub fn claim_lease_with(
     lease_duration_seconds: i32,
     secret: Option<&Secret>,
 ) -> Lease {
+    let waiting = wait_lease(Duration::from_secs(lease_duration_seconds.max(1) as u64));
     let mut annotations = BTreeMap::from([
         (POD_UID_ANNOTATION.into(), pod.uid.clone()),
         (REQUESTED_AT_ANNOTATION.into(), Timestamp::now().to_string()),
+        (WAIT_LEASE_ANNOTATION.into(), waiting.as_secs().to_string()),
     ]);
     if let Some(secret) = secret {
         annotations.insert(RELEASE_HASH_ANNOTATION.into(), secret.hash());
@@ -211,6 +213,14 @@ pub fn lease_problem(lease: &Lease) -> Option<String> {
     }
 }
 
+/// The lease the claim says it lives by while it waits ([`WAIT_LEASE_ANNOTATION`]),
+/// capped like its own lease; `None` when absent or unreadable (a client from before
+/// wait leases, renewing at its lease's pace).
+pub fn claim_wait_lease(lease: &Lease) -> Option<Duration> {
+    let secs: i64 = lease.annotations().get(WAIT_LEASE_ANNOTATION)?.parse().ok()?;
+    Some(Duration::from_secs(secs.clamp(0, MAX_LEASE_SECONDS as i64) as u64))
+}
+
 /// [`claim_lease_seconds`] as a duration.
 pub fn claim_lease_duration(lease: &Lease) -> Duration {
     Duration::from_secs(claim_lease_seconds(lease) as u64)
@@ -235,6 +245,20 @@ mod tests {
         assert_eq!(claim_lock(&lease), Some("l"));
         assert!(!has_release_mark(&lease));
         assert_eq!(claim_lease_duration(&lease), Duration::from_secs(15));
+        assert_eq!(claim_wait_lease(&lease), Some(Duration::from_secs(180)));
+    }
+
+    #[test]
+    fn a_stated_wait_lease_is_capped_and_a_garbled_one_ignored() {
+        let mut lease = claim_lease("l-1", "l", &pod(), 15);
+        let mut set = |v: &str| {
+            let annotations = lease.metadata.annotations.get_or_insert_default();
+            annotations.insert(WAIT_LEASE_ANNOTATION.into(), v.into());
+            claim_wait_lease(&lease)
+        };
+        assert_eq!(set("999999"), Some(Duration::from_secs(MAX_LEASE_SECONDS as u64)));
+        assert_eq!(set("-4"), Some(Duration::ZERO));
+        assert_eq!(set("soon"), None);
     }
 
     #[test]

@@ -11,8 +11,10 @@
 //! lock's namespace ([`claim::claim_lease`]): a unique name, label [`LOCK_LABEL`] =
 //! the lock's name, `spec.holderIdentity` = its pod's name, `spec.leaseDurationSeconds`
 //! = the lease it lives by, annotation [`POD_UID_ANNOTATION`] and an ownerReference to
-//! its Pod (so garbage collection removes a deleted pod's claims). It renews
-//! `spec.renewTime` every [`timing::renew_interval`] and releases (or withdraws while
+//! its Pod (so garbage collection removes a deleted pod's claims), and annotation
+//! [`WAIT_LEASE_ANNOTATION`]. While it waits it renews `spec.renewTime` every
+//! [`timing::wait_renew_interval`] (at most once a minute); once granted, every
+//! [`timing::renew_interval`]. It releases (or withdraws while
 //! waiting) by setting annotation [`RELEASED_ANNOTATION`] to its release secret, whose
 //! hash it wrote at creation ([`RELEASE_HASH_ANNOTATION`], see [`release`]), and label
 //! [`RELEASED_LABEL`] in the same write. The controller
@@ -37,7 +39,17 @@
 //!   CMD is dead by `sent + L`.
 //! * The controller frees the slot of an unrenewed claim no earlier than
 //!   `seen + L_c + EXPIRY_GRACE` ([`timing::controller_expiry`]), and only after a
-//!   fresh read of the claim shows no renewal its watch missed. A revoked holder whose
+//!   fresh read of the claim shows no renewal its watch missed *and* it deleted the
+//!   claim under that read's resourceVersion: a renewal written after the read makes
+//!   the deletion fail, one sent later finds no claim. So every renewal a client sees
+//!   acknowledged was seen by the controller before it expired the claim.
+//! * A waiter is judged by its wait lease; a holder by its lease, counted from no
+//!   earlier than when this controller wrote its grant, so a holder granted long after
+//!   its last (slow, waiting) renewal has one lease to renew, and a silent one is found
+//!   out no later than one lease (plus grace) after its grant.
+//! * A granted client acts only while `now < client_stop_by(sent)` for its last
+//!   acknowledged write. A waiter renews slowly, so at its grant that deadline may have
+//!   passed: it then renews first and acts once that renewal is acknowledged. A revoked holder whose
 //!   process may still run (forced release, force-deleted pod) keeps its slot until
 //!   `max(revoked_seen, seen) + max(L_spec, L_holder) + EXPIRY_GRACE`
 //!   ([`timing::hold_back_ends`]), `L_holder` being the lease recorded at its grant.
@@ -75,6 +87,10 @@ pub const RELEASE_HASH_ANNOTATION: &str = "leasehold.dev/release-hash";
 /// microseconds). Only its sub-second part is used, to order claims created within
 /// the same second of the API server's clock.
 pub const REQUESTED_AT_ANNOTATION: &str = "leasehold.dev/requested-at";
+/// Annotation a client sets on its claim at creation: the lease, in seconds, the claim
+/// lives by *while it waits* ([`timing::wait_lease`]; it renews every third of it). Once
+/// granted it lives by `spec.leaseDurationSeconds`. Absent: the claim's own lease.
+pub const WAIT_LEASE_ANNOTATION: &str = "leasehold.dev/wait-lease-seconds";
 /// Annotation the controller stamps on a holder's claim when the lock is deleted: the
 /// grant's fencing token.
 pub const FENCING_TOKEN_ANNOTATION: &str = "leasehold.dev/fencing-token";

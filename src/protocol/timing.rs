@@ -29,6 +29,21 @@ pub fn renew_interval(lease: Duration) -> Duration {
     lease / 3
 }
 
+/// The least lease a *waiting* claim lives by. A waiter renews every third of its wait
+/// lease, so a waiting claimant costs at most one API write a minute, whatever its lease.
+pub const WAIT_LEASE: Duration = Duration::from_secs(180);
+
+/// The lease a claim lives by while it waits (stated on the claim, see
+/// [`crate::protocol::WAIT_LEASE_ANNOTATION`]): the longer of its lease and [`WAIT_LEASE`].
+pub fn wait_lease(lease: Duration) -> Duration {
+    lease.max(WAIT_LEASE)
+}
+
+/// How often a waiting claim is renewed: a third of its wait lease.
+pub fn wait_renew_interval(lease: Duration) -> Duration {
+    renew_interval(wait_lease(lease))
+}
+
 /// How long one renewal request may take before it counts as failed.
 pub fn renew_timeout(lease: Duration) -> Duration {
     renew_interval(lease).max(MIN_RENEW_TIMEOUT)
@@ -54,7 +69,8 @@ pub fn release_budget(lease: Duration) -> Duration {
 }
 
 /// Controller side: when an unrenewed claim expires, counted from when this controller
-/// *saw* its last renewal, by the longer of the lock's and the claim's own lease.
+/// *saw* its last renewal (or, for a holder, wrote its grant, whichever is later), by
+/// the longer of the lock's and the claim's own lease (its wait lease while it waits).
 pub fn controller_expiry<T: Add<Duration, Output = T>>(seen: T, spec_lease: Duration, claim_lease: Duration) -> T {
     seen + spec_lease.max(claim_lease) + EXPIRY_GRACE
 }
@@ -113,6 +129,57 @@ mod tests {
                 renew_interval(lease) < client_stop_by(Duration::ZERO, lease),
                 "lease {secs}s"
             );
+        }
+    }
+
+    #[test]
+    fn a_waiter_writes_at_most_once_a_minute_and_is_not_expired_while_it_renews() {
+        for secs in LEASES {
+            let lease = Duration::from_secs(secs);
+            assert!(wait_renew_interval(lease) >= Duration::from_secs(60), "lease {secs}s");
+            assert!(wait_renew_interval(lease) >= renew_interval(lease), "lease {secs}s");
+            // A waiter renewing on schedule, each renewal taking as long as it may, and
+            // seen at once: the controller judging it by its wait lease never expires it.
+            let sent = Duration::ZERO;
+            let next_seen = sent + wait_renew_interval(lease) + renew_timeout(lease);
+            let expiry = controller_expiry(sent, lease, wait_lease(lease));
+            assert!(next_seen < expiry, "lease {secs}s");
+        }
+    }
+
+    /// A waiter whose last write was sent at 0 is granted at `granted_after`. It acts
+    /// only once a write sent no earlier than the grant's sight is acknowledged; the
+    /// controller counts the new holder's expiry from no earlier than its grant. So a
+    /// holder that went silent is found out within one lease (plus grace) of its grant,
+    /// and one that renews at grant is dead before that.
+    fn stale_grant_is_fenced(
+        lease: Duration,
+        spec: Duration,
+        granted_after: Duration,
+        renewed_after: Duration,
+    ) -> bool {
+        let (last_seen, granted) = (Duration::ZERO, granted_after);
+        // The controller's base: the later of the last renewal seen and the grant.
+        let silent_expiry = controller_expiry(last_seen.max(granted), spec, lease);
+        let found_out_in_time = silent_expiry <= granted + spec.max(lease) + EXPIRY_GRACE;
+        // The renewal at grant, sent after the grant was seen, seen by the controller
+        // no earlier than sent; an acknowledged one is always seen before an expiry
+        // (expiry deletes the claim under a resourceVersion precondition first).
+        let sent = granted + renewed_after;
+        let renewed_expiry = controller_expiry(sent.max(granted), spec, lease);
+        found_out_in_time && command_dead_by(sent, lease) < renewed_expiry
+    }
+
+    proptest! {
+        #[test]
+        fn a_waiter_granted_long_after_its_last_write_is_fenced(
+            lease_ms in 1_000u64..=3_600_000,
+            spec_ms in 1_000u64..=3_600_000,
+            granted_after_ms in 0u64..=3_600_000,
+            renewed_after_ms in 0u64..=60_000,
+        ) {
+            let ms = Duration::from_millis;
+            prop_assert!(stale_grant_is_fenced(ms(lease_ms), ms(spec_ms), ms(granted_after_ms), ms(renewed_after_ms)));
         }
     }
 

@@ -157,3 +157,59 @@ async fn a_holder_of_a_deleted_lock_keeps_its_slot_in_the_re_created_lock_until_
     let b_token = lock.status.as_ref().unwrap().holders[0].fencing_token;
     assert!(b_token > token, "b's token {b_token} after a's {token}");
 }
+
+/// The `spec.renewTime`s of claim `claim`, as seen until `n` distinct ones were.
+async fn renewals_seen(ns: &TestNs, claim: &str, n: usize) {
+    let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    wait_for(&format!("{n} renewals of {claim}"), DEADLINE, || async {
+        let l = leases(ns).get(claim).await.ok()?;
+        let renewed = l.spec.and_then(|s| s.renew_time).map(|t| t.0.to_string());
+        let mut seen = seen.lock().unwrap();
+        seen.insert(renewed);
+        (seen.len() >= n).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_waiter_does_not_write_while_it_waits_and_renews_at_its_grant_before_it_acts() {
+    let ns = TestNs::new("slowwait").await;
+    let _c = spawn_controller(&ns, "slowwait");
+    let lease = 2;
+    ns.lock("l", spec(lease)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let guard = lock_for(ns.client.clone(), &ns, a).acquire().await.unwrap();
+    let lock_b = lock_for(ns.client.clone(), &ns, b);
+    let waiting = tokio::spawn(async move { lock_b.acquire().await.unwrap() });
+    let l = ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    let cb = l.status.unwrap().queue[0].claim.clone();
+    let created = leases(&ns).get(&cb).await.unwrap();
+    // a holds for more than three leases (renewing every lease/3): b's deadline (from
+    // its create) passes, and so would its claim's expiry if it were judged by its lease.
+    let ca = holder_claim(&ns, "l").await;
+    renewals_seen(&ns, &ca, 10).await;
+    let still = leases(&ns).get(&cb).await.unwrap();
+    assert_eq!(
+        still.resource_version(),
+        created.resource_version(),
+        "b's claim was written while it waited"
+    );
+    let l = ns.locks().get("l").await.unwrap();
+    assert_eq!(queue(&l), ["b"], "the controller judges a waiter by its wait lease");
+    guard.release().await.unwrap();
+    let g = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap();
+    let renewed = leases(&ns).get(&cb).await.unwrap();
+    let renew_time = |l: &k8s_openapi::api::coordination::v1::Lease| l.spec.as_ref().unwrap().renew_time.clone();
+    assert_ne!(
+        renew_time(&renewed),
+        renew_time(&created),
+        "b acted on a grant with its deadline long passed, without renewing first"
+    );
+    // Granted long after its last write, b keeps the grant: it renews as a holder.
+    renewals_seen(&ns, &cb, 4).await;
+    assert_eq!(*g.state().borrow(), State::Live);
+    let l = ns.locks().get("l").await.unwrap();
+    assert_eq!(holders(&l), ["b"]);
+    assert_eq!(tokens(&l), [2]);
+    g.release().await.unwrap();
+}
