@@ -13,7 +13,12 @@
 //! ```sh
 //! cargo bench --bench scale                                   # (10, 100, 1000) × 10, 2000 pods; etcd (10, 100) × 10
 //! cargo bench --bench scale -- --locks 10,100 --pods 500 --rate 50
+//! cargo bench --bench scale -- --locks "" --etcd-locks "" --waiters 200 --waiting-secs 120
 //! ```
+//!
+//! First of all (`--waiters`, default 200): what a *waiting* claimant costs. That many
+//! library clients queue on one lock (15 s lease) whose holder keeps it; the API
+//! server's counters give every write made while they wait (`--waiting-secs`).
 
 #[path = "handoff/stats.rs"]
 #[allow(dead_code)]
@@ -38,6 +43,10 @@ struct Args {
     rate: f64,
     /// Lock counts for the etcd backend's rows (on the control plane's etcd).
     etcd_locks: Vec<usize>,
+    /// Library clients waiting on one held lock, for what a waiter costs (0: skip).
+    waiters: usize,
+    /// How long the waiters' writes are counted.
+    waiting: Duration,
 }
 
 fn args() -> Option<Args> {
@@ -54,6 +63,8 @@ fn args() -> Option<Args> {
             .split(',')
             .filter_map(|v| v.parse().ok())
             .collect(),
+        waiters: value("--waiters").and_then(|v| v.parse().ok()).unwrap_or(200),
+        waiting: Duration::from_secs(value("--waiting-secs").and_then(|v| v.parse().ok()).unwrap_or(120)),
     })
 }
 
@@ -139,6 +150,9 @@ async fn measure(args: &Args, kubeconfig: &Path) -> anyhow::Result<()> {
         (after as f64 - before as f64) / args.pods.max(1) as f64
     );
     println!();
+    if args.waiters > 0 {
+        idle_waiters(&client, kubeconfig, args.waiters, args.waiting).await?;
+    }
     for &locks in &args.locks {
         for rate in [None, Some(args.rate)] {
             let ns = match rate {
@@ -152,6 +166,81 @@ async fn measure(args: &Args, kubeconfig: &Path) -> anyhow::Result<()> {
     for &locks in &args.etcd_locks {
         run_etcd(&client, kubeconfig, &etcd, locks, args.claimants).await?;
     }
+    Ok(())
+}
+
+/// What waiting costs: `n` library clients (each its own pod) queue on one lock whose
+/// holder keeps it; print the API writes made during `window`, per waiter and minute,
+/// beside what the holder's renewals alone account for.
+async fn idle_waiters(client: &Client, kubeconfig: &Path, n: usize, window: Duration) -> anyhow::Result<()> {
+    use kube::api::{Api, PostParams};
+    use leasehold::api::{DistributedLock, DistributedLockSpec};
+    let ns = format!("scale-waiters-{n}");
+    scale::namespace(client, &ns).await?;
+    let pods = scale::pods(client, &ns, "w", n + 1).await?;
+    let controller = Controller::start(kubeconfig)?;
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let lease = 15;
+    let spec = DistributedLockSpec {
+        lease_duration_seconds: lease,
+        max_holders: 1,
+        backend: None,
+    };
+    locks
+        .create(&PostParams::default(), &DistributedLock::new("idle", spec))
+        .await?;
+    let handle = |pod: &leasehold::protocol::PodIdentity| {
+        leasehold::client::Lock::builder(client.clone(), &ns, "idle")
+            .identity(pod.clone())
+            .build()
+    };
+    let holder = handle(&pods[0])?;
+    let guard = holder.acquire().await?;
+    let mut waiting = Vec::new();
+    for pod in &pods[1..] {
+        let lock = handle(pod)?;
+        waiting.push(tokio::spawn(async move { lock.acquire().await.map(|g| g.fencing_token()) }));
+    }
+    let queued = std::time::Instant::now();
+    loop {
+        let l = locks.get("idle").await?;
+        if l.status.as_ref().is_some_and(|s| s.queue.len() == n) {
+            break;
+        }
+        anyhow::ensure!(queued.elapsed() < Duration::from_secs(300), "{n} waiters not queued in 300 s");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let before = stats::api_writes(client).await?;
+    tokio::time::sleep(window).await;
+    let after = stats::api_writes(client).await?;
+    let delta = |verb: &str, resource: &str| {
+        let key = (verb.to_string(), resource.to_string());
+        after.get(&key).copied().unwrap_or(0.0) - before.get(&key).copied().unwrap_or(0.0)
+    };
+    let patches = delta("PATCH", "leases");
+    let others: f64 = after
+        .iter()
+        .filter(|(k, _)| ["leases", "distributedlocks", "events"].contains(&k.1.as_str()))
+        .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
+        .sum::<f64>()
+        - patches;
+    let minutes = window.as_secs_f64() / 60.0;
+    let holder_renewals = window.as_secs_f64() / (lease as f64 / 3.0);
+    println!(
+        "waiting claimants: {n} waiting {:.0} s on one held lock (lease {lease} s): {patches:.0} claim PATCHes \
+         (the holder's renewals ≈ {holder_renewals:.0}), {others:.0} other lock/claim/event writes: \
+         {:.2} writes per waiter per minute; controller peak RSS {:.1} MiB",
+        window.as_secs_f64(),
+        ((patches - holder_renewals).max(0.0) + others) / n as f64 / minutes,
+        controller.rss_kib().0 as f64 / 1024.0,
+    );
+    for task in &waiting {
+        task.abort(); // dropped while waiting: each withdraws its claim
+    }
+    guard.release().await?;
+    scale::remove_locks(client, &ns).await?;
+    drop(controller);
+    println!();
     Ok(())
 }
 
