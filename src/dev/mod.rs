@@ -222,7 +222,7 @@ impl ControlPlane {
                 "10.96.0.0/16",
                 "--advertise-address",
                 "127.0.0.1",
-                "--profiling=false",
+                "--profiling=true",
             ],
         )?;
         let client = crate::kubeconfig::client_for(&self.kubeconfig)
