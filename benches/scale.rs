@@ -199,7 +199,9 @@ async fn idle_waiters(client: &Client, kubeconfig: &Path, n: usize, window: Dura
     let mut waiting = Vec::new();
     for pod in &pods[1..] {
         let lock = handle(pod)?;
-        waiting.push(tokio::spawn(async move { lock.acquire().await.map(|g| g.fencing_token()) }));
+        waiting.push(tokio::spawn(
+            async move { lock.acquire().await.map(|g| g.fencing_token()) },
+        ));
     }
     let queued = std::time::Instant::now();
     loop {
@@ -207,7 +209,10 @@ async fn idle_waiters(client: &Client, kubeconfig: &Path, n: usize, window: Dura
         if l.status.as_ref().is_some_and(|s| s.queue.len() == n) {
             break;
         }
-        anyhow::ensure!(queued.elapsed() < Duration::from_secs(300), "{n} waiters not queued in 300 s");
+        anyhow::ensure!(
+            queued.elapsed() < Duration::from_secs(300),
+            "{n} waiters not queued in 300 s"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let before = stats::api_writes(client).await?;

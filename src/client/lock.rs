@@ -210,11 +210,22 @@ impl Lock {
         let mut withdraw = Withdraw(Some(session.clone()));
         let mut outcome = self.wait_grant(&mut events, &session, &mode, exists).await;
         if let Ok(Outcome::Granted(_)) = outcome {
-            // A waiter renews slowly: act only once its last write's deadline is ahead.
-            if let Err(reason) = session.hold().await {
-                tracing::warn!(claim = session.claim, ?reason, "the claim was lost as it was granted");
-                outcome = Err(Error::ClaimLost(session.claim.clone()));
-            }
+            // A waiter renews slowly: act only once its last write's deadline is ahead
+            // (within the caller's time limit, if any: past it the grant is given back).
+            let held = match &mode {
+                Mode::Until(at, limit) => tokio::time::timeout_at(*at, session.hold())
+                    .await
+                    .map_err(|_| Error::Timeout(*limit)),
+                _ => Ok(session.hold().await),
+            };
+            outcome = match held {
+                Ok(Ok(())) => outcome,
+                Ok(Err(reason)) => {
+                    tracing::warn!(claim = session.claim, ?reason, "the claim was lost as it was granted");
+                    Err(Error::ClaimLost(session.claim.clone()))
+                }
+                Err(timeout) => Err(timeout),
+            };
         }
         withdraw.0 = None;
         match outcome {

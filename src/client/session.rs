@@ -4,10 +4,10 @@
 //! One background task owns the renewals; whoever else learns that the claim is lost
 //! (the lock's watch seeing a revocation) reports it through [`Session::lose`]. The
 //! timing follows [`crate::protocol::timing`]: while the claim waits it is renewed every
-//! [`wait_renew_interval`]; from [`Session::hold`] on, every [`renew_interval`], and
-//! `lost` is published no later than [`client_stop_by`] the moment the last successful
-//! write was sent. `hold` returns only while that deadline is ahead: a waiter granted
-//! long after its last write renews first.
+//! [`wait_renew_interval`]; from [`Session::hold`] on, every [`renew_interval`].
+//! `hold` returns only while [`client_stop_by`] the moment the last successful write
+//! was sent is ahead (a waiter granted long after its last write renews first), and
+//! from then on `lost` is published no later than that deadline.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +21,9 @@ use tokio::time::Instant;
 use super::Error;
 use crate::protocol::claim::{self, PodIdentity};
 use crate::protocol::release::Secret;
-use crate::protocol::timing::{client_stop_by, renew_interval, renew_timeout, safety_margin, wait_renew_interval};
+use crate::protocol::timing::{
+    client_stop_by, renew_interval, renew_timeout, safety_margin, wait_lease, wait_renew_interval,
+};
 
 /// Where a claim's session stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,14 +109,21 @@ pub(crate) trait Renewer: Send + 'static {
 struct KubeRenewer {
     leases: Api<Lease>,
     name: String,
+    /// The claim's UID: only that object is renewed.
+    uid: Option<String>,
 }
 
 impl Renewer for KubeRenewer {
     async fn renew(&mut self) -> Renewal {
-        let patch = Patch::Merge(claim::renew_patch());
+        let patch = Patch::Merge(claim::renew_patch(self.uid.as_deref()));
         match self.leases.patch(&self.name, &PatchParams::default(), &patch).await {
+            // Being deleted (the controller expired it, and something holds the object
+            // back): a renewal written after the expiry's deletion is no renewal.
+            Ok(lease) if lease.metadata.deletion_timestamp.is_some() => Renewal::Gone,
             Ok(_) => Renewal::Renewed,
             Err(kube::Error::Api(s)) if s.is_not_found() => Renewal::Gone,
+            // Another object under the claim's name: the UID in the patch is refused.
+            Err(kube::Error::Api(s)) if s.is_conflict() || s.code == 422 => Renewal::Gone,
             Err(e) => Renewal::Failed(e.to_string()),
         }
     }
@@ -136,13 +145,14 @@ impl Session {
         let obj = claim::claim_lease_with(&name, lock, identity, lease_secs, Some(&secret));
         // The first deadline counts from when the create was sent, like every renewal's.
         let sent = Instant::now();
-        leases
+        let created = leases
             .create(&PostParams::default(), &obj)
             .await
             .map_err(Error::CreateClaim)?;
         let renewer = KubeRenewer {
             leases: leases.clone(),
             name: name.clone(),
+            uid: created.metadata.uid,
         };
         Ok(Session::start(
             name,
@@ -293,10 +303,9 @@ async fn renew(session: Arc<Session>, created_sent: Instant, mut renewer: impl R
             wait_renew_interval(lease)
         };
         let next = retry_at.unwrap_or(last_sent + interval);
-        let deadline = client_stop_by(last_sent, lease);
         tokio::select! {
             _ = state.wait_for(|s| *s != State::Live) => return,
-            _ = give_up_due(session.holding.subscribe(), deadline, lease) => return give_up(&session),
+            _ = give_up_due(session.holding.subscribe(), last_sent, lease) => return give_up(&session),
             _ = holding.changed() => continue,
             _ = tokio::time::sleep_until(next) => {}
         }
@@ -304,7 +313,7 @@ async fn renew(session: Arc<Session>, created_sent: Instant, mut renewer: impl R
         let request = tokio::time::timeout(renew_timeout(lease), renewer.renew());
         let outcome = tokio::select! {
             _ = state.wait_for(|s| *s != State::Live) => return,
-            _ = give_up_due(session.holding.subscribe(), deadline, lease) => return give_up(&session),
+            _ = give_up_due(session.holding.subscribe(), last_sent, lease) => return give_up(&session),
             outcome = request => outcome,
         };
         match outcome {
@@ -332,23 +341,25 @@ async fn renew(session: Arc<Session>, created_sent: Instant, mut renewer: impl R
     }
 }
 
-/// Completes when a held claim must give up: at `deadline` (the last successful
-/// write's) when [`Session::hold`] could have returned on it (it was at least
-/// [`safety_margin`] ahead when the claim was first held); otherwise a lease after the
-/// claim was held, time for renewals to restore a deadline before `hold` returns.
-/// Never while the claim waits.
-async fn give_up_due(mut holding: watch::Receiver<Option<Instant>>, deadline: Instant, lease: Duration) {
+/// Completes when the claim must give up, `last_sent` being when its last successful
+/// write was sent. Held: at that write's deadline when [`Session::hold`] could have
+/// returned on it (it was at least [`safety_margin`] ahead when the claim was first
+/// held); otherwise a lease after the claim was held, time for renewals to restore a
+/// deadline before `hold` returns. Waiting: when the controller may have dropped it
+/// (the deadline of its wait lease), so a waiter whose renewals keep failing stops
+/// waiting instead of waiting for ever.
+async fn give_up_due(mut holding: watch::Receiver<Option<Instant>>, last_sent: Instant, lease: Duration) {
+    let deadline = client_stop_by(last_sent, lease);
     loop {
         let since = *holding.borrow_and_update();
         let usable = |since: Instant| deadline > since + safety_margin(lease);
-        let at = since.map(|since| if usable(since) { deadline } else { since + lease });
+        let at = match since {
+            Some(since) if usable(since) => deadline,
+            Some(since) => since + lease,
+            None => client_stop_by(last_sent, wait_lease(lease)),
+        };
         tokio::select! {
-            _ = async {
-                match at {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            } => return,
+            _ = tokio::time::sleep_until(at) => return,
             changed = holding.changed() => {
                 if changed.is_err() {
                     std::future::pending::<()>().await;
@@ -492,12 +503,30 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_waiter_whose_renewals_fail_gives_up_only_when_its_wait_lease_may_be_over() {
+        let lease = Duration::from_secs(15);
+        let created = Instant::now();
+        let leases = black_holed_after_create(Duration::from_millis(100));
+        let (session, task) = Session::create(leases, "l", &identity(), 15).await.unwrap();
+        session.lost().await;
+        let at = created.elapsed();
+        let by = client_stop_by(Duration::ZERO, crate::protocol::timing::wait_lease(lease));
+        assert!(
+            at > client_stop_by(Duration::ZERO, lease) * 10,
+            "gave up after {at:?}: judged by its lease"
+        );
+        assert!(at <= by, "gave up after {at:?}, promised by {by:?}");
+        assert_eq!(*session.state().borrow(), State::Lost(LostReason::RenewalsFailed));
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_waiter_is_not_lost_to_failing_renewals_but_a_claim_granted_then_is_within_its_lease() {
         let lease = Duration::from_secs(15);
         let leases = black_holed_after_create(Duration::from_millis(100));
         let (session, task) = Session::create(leases, "l", &identity(), 15).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(300)).await;
-        assert!(session.is_live(), "waiting: no deadline to miss");
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        assert!(session.is_live(), "waiting: its holder's deadline is no deadline");
         let granted = Instant::now();
         assert_eq!(session.hold().await, Err(LostReason::RenewalsFailed));
         assert!(

@@ -205,6 +205,8 @@ pub fn claims_of(ctx: &Context, lock: &DistributedLock) -> Vec<Arc<Lease>> {
         .into_iter()
         .filter_map(|claim| ctx.leases.get(&ObjectRef::new(&claim).within(&ns)))
         .filter(|l| claim::claim_lock(l) == Some(name.as_str()))
+        // Being deleted (its renewals are no renewals to its client): no claim.
+        .filter(|l| l.metadata.deletion_timestamp.is_none())
         .collect()
 }
 

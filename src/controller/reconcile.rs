@@ -102,7 +102,7 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
             return Ok(super::finalizer::retire(&ctx, &current).await?);
         }
         let plan = plan(&current, &ctx, Instant::now());
-        if renewed_unseen(&ctx, &ns, &plan).await? {
+        if renewed_unseen(&ctx, &current, &plan).await? {
             continue; // the watch lags: plan again with what the fresh reads showed
         }
         publish_warnings(&ctx, &plan.warnings);
@@ -178,8 +178,10 @@ pub async fn write_status(
 /// now), one sent later finds no claim, so no client holds on a renewal this controller
 /// did not see (see [`crate::protocol`]'s timing contract). Returns whether any claim
 /// was renewed (then plan again).
-async fn renewed_unseen(ctx: &Context, ns: &str, plan: &Plan) -> Result<bool, Error> {
-    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
+async fn renewed_unseen(ctx: &Context, lock: &DistributedLock, plan: &Plan) -> Result<bool, Error> {
+    let ns = lock.namespace().unwrap_or_default();
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
+    let status = lock.status.clone().unwrap_or_default();
     let mut renewed = false;
     for claim in &plan.expired {
         let name = claim.name_any();
@@ -188,7 +190,15 @@ async fn renewed_unseen(ctx: &Context, ns: &str, plan: &Plan) -> Result<bool, Er
             renewed = true;
             continue;
         }
+        // A revoked holder's slot passes by its hold-back, not by its claim's expiry:
+        // its claim stays (deleting it would restart the hold-back).
+        if status.holders.iter().any(|h| h.claim == name && h.revoked.is_some()) {
+            continue;
+        }
         match leases.delete(&name, &expiry_delete(&fresh)).await {
+            // Deleted, or being deleted (something holds the object back): either way
+            // a renewal from now on is refused or, on a terminating object, no renewal
+            // to its client (see `client::session`).
             Ok(_) => ctx.tombstones.bury_expired(&fresh, Instant::now()),
             Err(kube::Error::Api(s)) if s.is_conflict() => {
                 // Written since the read: look again (a release mark is no renewal).
@@ -197,7 +207,16 @@ async fn renewed_unseen(ctx: &Context, ns: &str, plan: &Plan) -> Result<bool, Er
                 renewed = true;
             }
             Err(kube::Error::Api(s)) if s.is_not_found() => return Err(Error::ClaimGoneUnseen(name)),
-            Err(e) => return Err(Error::Expire(name, e)),
+            Err(e) => {
+                // Not expired without the deletion: postpone this claim's expiry by a
+                // lease, and let the rest of the lock go on.
+                let e = Error::Expire(name.clone(), e);
+                tracing::warn!(error = %e, "the claim's expiry is postponed by a lease");
+                ctx.metrics.record_error(e.category());
+                let mut tracker = ctx.tracker.lock().expect("tracker lock poisoned");
+                tracker.restart_expiry(&ns, &name, Instant::now());
+                renewed = true;
+            }
         }
     }
     Ok(renewed)

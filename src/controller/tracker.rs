@@ -89,10 +89,11 @@ impl Tracker {
         }
     }
 
-    /// This controller wrote `claim`'s grant: its expiry counts from no earlier than
-    /// `now`. A waiter renews slowly (its wait lease); as a holder it has a whole lease
-    /// from its grant to renew, and a silent one is found out a lease after its grant.
-    pub fn granted(&mut self, ns: &str, claim: &str, now: Instant) {
+    /// `claim`'s expiry counts from no earlier than `now` (only ever later: safe). Called
+    /// when this controller wrote its grant: a waiter renews slowly (its wait lease), so
+    /// as a holder it has a whole lease from its grant to renew, and a silent one is
+    /// found out a lease after its grant. And when an expiry's deletion failed.
+    pub fn restart_expiry(&mut self, ns: &str, claim: &str, now: Instant) {
         if let Some(seen) = self.claims.get_mut(&(ns.to_string(), claim.to_string())) {
             seen.changed_at = seen.changed_at.max(now);
         }
@@ -294,11 +295,11 @@ mod tests {
         // Granted 100 s after its last renewal: not expired at the grant, and found
         // out within one lease plus grace of it if it stays silent.
         let granted = t0 + secs(100);
-        t.granted("ns", "a", granted);
+        t.restart_expiry("ns", "a", granted);
         let expires = t.expires_at(&a, lease, lease, granted);
         assert_eq!(expires, granted + lease + crate::protocol::timing::EXPIRY_GRACE);
         // A grant never moves an expiry earlier.
-        t.granted("ns", "a", t0);
+        t.restart_expiry("ns", "a", t0);
         assert_eq!(t.expires_at(&a, lease, lease, granted), expires);
     }
 

@@ -83,9 +83,14 @@ pub fn claim_lease_with(
     }
 }
 
-/// The merge patch that renews a claim.
-pub fn renew_patch() -> serde_json::Value {
-    serde_json::json!({ "spec": { "renewTime": MicroTime(Timestamp::now()) } })
+/// The merge patch that renews a claim. With `uid` (the claim's, from its creation) it
+/// renews only that object: a Lease re-created under the claim's name rejects it.
+pub fn renew_patch(uid: Option<&str>) -> serde_json::Value {
+    let mut patch = serde_json::json!({ "spec": { "renewTime": MicroTime(Timestamp::now()) } });
+    if let Some(uid) = uid {
+        patch["metadata"] = serde_json::json!({ "uid": uid });
+    }
+    patch
 }
 
 /// The merge patch that releases a claim made without a release proof.

@@ -48,8 +48,13 @@
 //!   its last (slow, waiting) renewal has one lease to renew, and a silent one is found
 //!   out no later than one lease (plus grace) after its grant.
 //! * A granted client acts only while `now < client_stop_by(sent)` for its last
-//!   acknowledged write. A waiter renews slowly, so at its grant that deadline may have
-//!   passed: it then renews first and acts once that renewal is acknowledged. A revoked holder whose
+//!   acknowledged write, whenever that write was sent (before or after the grant: the
+//!   controller saw it before any expiry, and counts from no earlier than that). A
+//!   waiter renews slowly, so at its grant that deadline may have passed (or be less
+//!   than `margin` ahead): it then renews first and acts once that renewal is
+//!   acknowledged. A renewal names the claim's UID, and one answered with a
+//!   `deletionTimestamp` counts as refused, so a claim the controller expired (deleted,
+//!   or held back by someone's finalizer) or re-created under its name renews nothing. A revoked holder whose
 //!   process may still run (forced release, force-deleted pod) keeps its slot until
 //!   `max(revoked_seen, seen) + max(L_spec, L_holder) + EXPIRY_GRACE`
 //!   ([`timing::hold_back_ends`]), `L_holder` being the lease recorded at its grant.

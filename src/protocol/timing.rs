@@ -147,27 +147,26 @@ mod tests {
         }
     }
 
-    /// A waiter whose last write was sent at 0 is granted at `granted_after`. It acts
-    /// only once a write sent no earlier than the grant's sight is acknowledged; the
-    /// controller counts the new holder's expiry from no earlier than its grant. So a
-    /// holder that went silent is found out within one lease (plus grace) of its grant,
-    /// and one that renews at grant is dead before that.
+    /// A waiter whose last write was sent at 0 (and seen at once) is granted at
+    /// `granted_after`; the controller counts the holder's expiry from the later of that
+    /// sight and the grant. It acts only while the deadline of an acknowledged write is
+    /// ahead: the old one, or a renewal sent `renewed_after` the grant (an acknowledged
+    /// renewal is always seen before an expiry: expiry deletes the claim under a
+    /// resourceVersion precondition first). Either way it is dead before the expiry; a
+    /// silent one is found out by a lease plus grace after its grant.
     fn stale_grant_is_fenced(
         lease: Duration,
         spec: Duration,
         granted_after: Duration,
         renewed_after: Duration,
     ) -> bool {
-        let (last_seen, granted) = (Duration::ZERO, granted_after);
-        // The controller's base: the later of the last renewal seen and the grant.
-        let silent_expiry = controller_expiry(last_seen.max(granted), spec, lease);
-        let found_out_in_time = silent_expiry <= granted + spec.max(lease) + EXPIRY_GRACE;
-        // The renewal at grant, sent after the grant was seen, seen by the controller
-        // no earlier than sent; an acknowledged one is always seen before an expiry
-        // (expiry deletes the claim under a resourceVersion precondition first).
-        let sent = granted + renewed_after;
-        let renewed_expiry = controller_expiry(sent.max(granted), spec, lease);
-        found_out_in_time && command_dead_by(sent, lease) < renewed_expiry
+        let (last_sent, granted) = (Duration::ZERO, granted_after);
+        let expiry_from = |seen: Duration| controller_expiry(seen.max(granted), spec, lease);
+        let old_write_fenced = command_dead_by(last_sent, lease) < expiry_from(last_sent);
+        let renewed = granted + renewed_after;
+        let renewal_fenced = command_dead_by(renewed, lease) < expiry_from(renewed);
+        let found_out = expiry_from(last_sent) <= granted.max(last_sent) + spec.max(lease) + EXPIRY_GRACE;
+        old_write_fenced && renewal_fenced && found_out
     }
 
     proptest! {

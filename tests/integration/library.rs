@@ -213,3 +213,27 @@ async fn a_waiter_does_not_write_while_it_waits_and_renews_at_its_grant_before_i
     assert_eq!(tokens(&l), [2]);
     g.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_lease_re_created_under_a_claims_name_renews_nothing_for_the_claims_client() {
+    let ns = TestNs::new("recreatedclaim").await;
+    let controller = spawn_controller(&ns, "recreatedclaim");
+    let lease = 3;
+    ns.lock("l", spec(lease)).await;
+    let a = ns.pod("a").await;
+    let guard = lock_for(ns.client.clone(), &ns, a).acquire().await.unwrap();
+    // No controller from here on: only the client's own renewals can tell it.
+    controller.abort();
+    let ca = holder_claim(&ns, "l").await;
+    let mut twin = leases(&ns).get(&ca).await.unwrap();
+    leases(&ns).delete(&ca, &Default::default()).await.unwrap();
+    twin.metadata.uid = None;
+    twin.metadata.resource_version = None;
+    twin.metadata.creation_timestamp = None;
+    twin.metadata.managed_fields = None;
+    leases(&ns).create(&Default::default(), &twin).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2 * lease as u64), guard.lost())
+        .await
+        .expect("a renewal landing on another object under the claim's name is no renewal");
+    assert_eq!(*guard.state().borrow(), State::Lost(LostReason::ClaimGone));
+}

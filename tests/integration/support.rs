@@ -229,7 +229,7 @@ pub fn keep_renewing(ns: &TestNs, claim: &str, every: Duration) -> tokio::task::
     let (api, claim) = (leases(ns), claim.to_string());
     tokio::spawn(async move {
         loop {
-            let patch = Patch::Merge(leasehold::protocol::claim::renew_patch());
+            let patch = Patch::Merge(leasehold::protocol::claim::renew_patch(None));
             if api.patch(&claim, &PatchParams::default(), &patch).await.is_err() {
                 return;
             }
