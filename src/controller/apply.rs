@@ -35,11 +35,6 @@ pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
         let secs_since = |t: &Time| (now.as_millisecond() - t.0.as_millisecond()).max(0) as f64 / 1000.0;
         match a.kind {
             ActionKind::Granted(token) => {
-                ctx.tracker.lock().expect("tracker lock poisoned").restart_expiry(
-                    &ns,
-                    &a.claim,
-                    std::time::Instant::now(),
-                );
                 let waited = old.queue.iter().find(|w| w.claim == a.claim);
                 m.record_grant(&ns, &name, waited.map(|w| secs_since(&w.requested_at)));
                 tracing::info!(claim = a.claim, pod = a.pod, token, "granted");

@@ -108,6 +108,7 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         publish_warnings(&ctx, &plan.warnings);
         let trouble = (plan.rejected > 0).then(|| Trouble::rejected(plan.rejected));
         let status = with_conditions(&current, plan.decision.status.clone(), trouble.as_ref());
+        grants_restart_expiry(&ctx, &ns, &plan);
         match write_status(&ctx, &api, &mut current, status).await? {
             Step::Go => {}
             Step::Again => continue,
@@ -125,6 +126,20 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         return Ok(requeue);
     }
     Err(Error::Conflicts(name))
+}
+
+/// A claim granted counts its expiry from its grant: a waiter renews slowly (its wait
+/// lease), so as a holder it has a whole lease to renew. Done before the status write,
+/// so a write whose answer is lost (applied or not) leaves no new holder judged by its
+/// last waiting renewal; if the write fails, a waiter's expiry was only put off.
+fn grants_restart_expiry(ctx: &Context, ns: &str, plan: &Plan) {
+    let now = Instant::now();
+    let mut tracker = ctx.tracker.lock().expect("tracker lock poisoned");
+    for a in &plan.decision.actions {
+        if matches!(a.kind, crate::decide::ActionKind::Granted(_)) {
+            tracker.restart_expiry(ns, &a.claim, now);
+        }
+    }
 }
 
 /// What a reconcile does after writing a lock's status.

@@ -90,7 +90,7 @@ impl Tracker {
     }
 
     /// `claim`'s expiry counts from no earlier than `now` (only ever later: safe). Called
-    /// when this controller wrote its grant: a waiter renews slowly (its wait lease), so
+    /// as this controller writes its grant: a waiter renews slowly (its wait lease), so
     /// as a holder it has a whole lease from its grant to renew, and a silent one is
     /// found out a lease after its grant. And when an expiry's deletion failed.
     pub fn restart_expiry(&mut self, ns: &str, claim: &str, now: Instant) {
