@@ -57,10 +57,11 @@ pub const DEFAULT_MAX_HOLDERS: i32 = 1;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DistributedLockSpec {
-    /// How long, in seconds, a claim stays valid without renewal. Clients renew about
+    /// How long, in seconds, a claim stays valid without renewal. Holders renew about
     /// every third of it and stop their work a quarter of it (at least 250 ms) before it
     /// runs out; the controller revokes a grant whose claim was not renewed for this long
-    /// (plus 2 s). Short leases hand over faster after a crash but leave clients little
+    /// (plus 2 s), counted from no earlier than the grant. Waiting claims live by the
+    /// longer of this and 180 s, renewed every third of that (once a minute). Short leases hand over faster after a crash but leave clients little
     /// room for a slow API server: at 1 s a renewal must answer within 333 ms, at 3 s
     /// within 1 s. Default 15.
     #[serde(default = "default_lease_duration_seconds")]
