@@ -78,20 +78,24 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         // A holder lives by the lease recorded at its grant, whatever its claim says now
         // (a neighbour may patch the claim): never judge it by less.
         let name_of = lease_obj.name_any();
-        let recorded = status.holders.iter().find(|h| h.claim == name_of);
-        let recorded = recorded.and_then(|h| h.lease_duration_seconds).unwrap_or(0);
+        let holder = status.holders.iter().find(|h| h.claim == name_of);
+        let recorded = holder.and_then(|h| h.lease_duration_seconds).unwrap_or(0);
         let own = claim::claim_lease_duration(lease_obj)
             .max(Duration::from_secs(recorded.clamp(0, MAX_LEASE_SECONDS) as u64));
         // A waiter (queued or new) lives by its wait lease, a holder by its lease.
-        let holds = status.holders.iter().any(|h| h.claim == name_of);
         let own = match claim::claim_wait_lease(lease_obj) {
-            Some(wait) if !holds => own.max(wait),
+            Some(wait) if holder.is_none() => own.max(wait),
             _ => own,
         };
         let expired = if expired_gone.contains(&name_of) {
             true // deleted by this controller as expired
         } else if gone_names.contains(&name_of) {
             false // released, and gone: nothing left to expire
+        } else if holder.is_some_and(|h| h.revoked.is_some()) {
+            // A revoked holder's slot passes by its hold-back, not by its claim's expiry:
+            // its claim is neither read afresh nor deleted (that would restart the hold-back).
+            tracker.observe(lease_obj, now);
+            false
         } else {
             let expires = tracker.expires_at(lease_obj, lease, own, now);
             if now >= expires {

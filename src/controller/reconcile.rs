@@ -102,7 +102,7 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
             return Ok(super::finalizer::retire(&ctx, &current).await?);
         }
         let plan = plan(&current, &ctx, Instant::now());
-        if renewed_unseen(&ctx, &current, &plan).await? {
+        if renewed_unseen(&ctx, &ns, &plan).await? {
             continue; // the watch lags: plan again with what the fresh reads showed
         }
         publish_warnings(&ctx, &plan.warnings);
@@ -193,21 +193,14 @@ pub async fn write_status(
 /// now), one sent later finds no claim, so no client holds on a renewal this controller
 /// did not see (see [`crate::protocol`]'s timing contract). Returns whether any claim
 /// was renewed (then plan again).
-async fn renewed_unseen(ctx: &Context, lock: &DistributedLock, plan: &Plan) -> Result<bool, Error> {
-    let ns = lock.namespace().unwrap_or_default();
-    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
-    let status = lock.status.clone().unwrap_or_default();
+async fn renewed_unseen(ctx: &Context, ns: &str, plan: &Plan) -> Result<bool, Error> {
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
     let mut renewed = false;
     for claim in &plan.expired {
         let name = claim.name_any();
         let fresh = read_claim(&leases, &name).await?;
         if saw_renewal(ctx, claim, &fresh) {
             renewed = true;
-            continue;
-        }
-        // A revoked holder's slot passes by its hold-back, not by its claim's expiry:
-        // its claim stays (deleting it would restart the hold-back).
-        if status.holders.iter().any(|h| h.claim == name && h.revoked.is_some()) {
             continue;
         }
         match leases.delete(&name, &expiry_delete(&fresh)).await {
@@ -229,7 +222,7 @@ async fn renewed_unseen(ctx: &Context, lock: &DistributedLock, plan: &Plan) -> R
                 tracing::warn!(error = %e, "the claim's expiry is postponed by a lease");
                 ctx.metrics.record_error(e.category());
                 let mut tracker = ctx.tracker.lock().expect("tracker lock poisoned");
-                tracker.restart_expiry(&ns, &name, Instant::now());
+                tracker.restart_expiry(ns, &name, Instant::now());
                 renewed = true;
             }
         }
