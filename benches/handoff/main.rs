@@ -9,6 +9,8 @@
 //! * `library`: the client library in-process — `release()` called → the next
 //!   `acquire()` returns; `etcd-library` the same on the etcd-backed lock;
 //! * `controller`: a claim marked released → the next holder in the lock's status;
+//! * `start`, `etcdctl-start`: a free lock, taken by a process just started (one at a
+//!   time, 50 rounds at most): its start → its CMD's first line;
 //! * `floor`: one Lease write on a warm connection → one watch delivers it;
 //! * `pod-gone`: the holder's pod deleted after its containers stopped → next holder;
 //! * `sigkill`: the holder's `leasehold run` SIGKILLed → the next CMD starts (the claim
@@ -95,6 +97,22 @@ async fn measure(args: &Args, kubeconfig: &Path, etcd: &str) -> anyhow::Result<(
         all.push(Series::new(
             "etcdctl",
             "etcdctl lock (same etcd): CMD exits -> next CMD starts",
+            s,
+        ));
+    }
+    if want("start") {
+        let s = procs::uncontended(leasehold, &client, kubeconfig, n.min(50), None).await?;
+        all.push(Series::new(
+            "start",
+            "leasehold run, lock free: process start -> CMD starts",
+            s,
+        ));
+    }
+    if want("etcdctl-start") {
+        let s = procs::uncontended(leasehold, &client, kubeconfig, n.min(50), Some(etcd)).await?;
+        all.push(Series::new(
+            "etcdctl-start",
+            "etcdctl lock, lock free: process start -> CMD starts",
             s,
         ));
     }

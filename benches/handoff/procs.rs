@@ -131,16 +131,63 @@ pub async fn etcdctl_lock(etcd: &str, contenders: usize, rounds: usize) -> anyho
     let log = Log::new("etcdctl")?;
     let key = format!("leasehold-bench-{}", std::process::id());
     contend(contenders, rounds, &log.path(), |_| {
-        Command::new("etcdctl")
-            .arg(format!("--endpoints={etcd}"))
-            .args(["lock", &key, "--", "sh", "-c", SECTION])
-            .env("ETCDCTL_API", "3")
-            .env("LOG", log.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
+        etcdctl(etcd, &key, &log, SECTION).spawn()
     })
     .await
+}
+
+/// `etcdctl lock KEY -- sh -c SECTION` on the etcd at `url`, with `$LOG` the shared log.
+fn etcdctl(url: &str, key: &str, log: &Log, section: &str) -> Command {
+    let mut cmd = Command::new("etcdctl");
+    cmd.arg(format!("--endpoints={url}"))
+        .args(["lock", key, "--", "sh", "-c", section])
+        .env("ETCDCTL_API", "3")
+        .env("LOG", log.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd
+}
+
+/// A free lock taken by a process just started: the process's start (recorded here,
+/// just before spawning it) → its CMD's first line, `rounds` times one after another,
+/// with `leasehold run` (`etcd` None) or `etcdctl lock` on the etcd at `etcd`.
+pub async fn uncontended(
+    leasehold: &Path,
+    client: &Client,
+    kubeconfig: &Path,
+    rounds: usize,
+    etcd: Option<&str>,
+) -> anyhow::Result<Vec<Duration>> {
+    let ns = "bench-uncontended";
+    let me = match etcd {
+        None => {
+            namespace(client, ns, 60).await?;
+            Some(pod(client, ns, "u").await?)
+        }
+        Some(_) => None,
+    };
+    let log = Log::new(if etcd.is_some() { "etcdctl-start" } else { ns })?;
+    let key = format!("leasehold-bench-start-{}", std::process::id());
+    let section = "echo start $(date +%s%N) >> $LOG";
+    let mut samples = Vec::new();
+    for _ in 0..rounds {
+        let mut cmd = match (etcd, &me) {
+            (Some(url), _) => etcdctl(url, &key, &log, section),
+            (None, me) => run_as(leasehold, kubeconfig, me.as_ref().expect("made above"), &log, section),
+        };
+        let spawned = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+        let status = cmd.spawn()?.wait().await?;
+        anyhow::ensure!(status.success(), "an uncontended run failed: {status}");
+        let text = std::fs::read_to_string(log.path())?;
+        let started: u64 = text
+            .lines()
+            .last()
+            .and_then(|l| l.strip_prefix("start "))
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("no start line in {text}"))?;
+        samples.push(Duration::from_nanos(started).saturating_sub(spawned));
+    }
+    Ok(samples)
 }
 
 /// `leasehold run` SIGKILLed while holding (its claim is left to expire) → the next

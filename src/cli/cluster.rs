@@ -16,7 +16,7 @@ pub struct ClusterArgs {
 impl ClusterArgs {
     /// A client for the chosen kubeconfig and context.
     pub async fn client(&self) -> Result<kube::Client, kube::Error> {
-        kube::Client::try_from(self.config().await?)
+        crate::kubeconfig::client_from(self.config().await?)
     }
 
     /// The configuration of the chosen kubeconfig and context (read once for several

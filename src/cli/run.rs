@@ -64,13 +64,13 @@ pub struct RunArgs {
 /// Acquire, run CMD, release; returns CMD's exit status (or 75 / 76).
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let config = args.cluster.config().await?;
-    let client = kube::Client::try_from(config.clone())?;
+    let client = crate::kubeconfig::client_from(config.clone())?;
     let namespace = args
         .namespace
         .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
         .unwrap_or_else(|| client.default_namespace().to_string());
     // A second pool for the claim's writes keeps the release off a cold connection.
-    let writes = kube::Client::try_from(config)?;
+    let writes = crate::kubeconfig::client_from(config)?;
     let (name, ns) = (args.lock.clone(), namespace.clone());
     let lock = Lock::builder(client, &namespace, &args.lock)
         .write_client(writes)

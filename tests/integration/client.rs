@@ -582,3 +582,48 @@ async fn pod_deleted_hands_the_lock_on_promptly() {
     );
     assert!(run_b.wait().await.unwrap().success());
 }
+
+/// The client's end of one connection to the API server, read through a loopback
+/// forwarder that tells us the client's address; `TCP_NODELAY` read from that socket.
+#[tokio::test]
+async fn clients_talk_to_the_api_server_on_connections_that_send_without_delay() {
+    use std::os::fd::BorrowedFd;
+
+    use nix::sys::socket::{SockaddrIn, getsockname, getsockopt, sockopt::TcpNoDelay};
+
+    let upstream = leasehold::dev::proxy::api_port(kubeconfig()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let dir = scratch("nodelay");
+    let via = dir.join("kubeconfig");
+    let text = std::fs::read_to_string(kubeconfig()).unwrap();
+    std::fs::write(
+        &via,
+        text.replace(&format!("127.0.0.1:{upstream}"), &format!("127.0.0.1:{port}")),
+    )
+    .unwrap();
+    let forward = tokio::spawn(async move {
+        let (mut down, peer) = listener.accept().await.unwrap();
+        let mut up = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await.unwrap();
+        let nodelay = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .find(|fd| getsockname::<SockaddrIn>(*fd).is_ok_and(|a| std::net::SocketAddr::V4(a.into()) == peer))
+            // SAFETY: the descriptor was just listed open, and is borrowed for one call.
+            .map(|fd| getsockopt(&unsafe { BorrowedFd::borrow_raw(fd) }, TcpNoDelay).unwrap());
+        tokio::spawn(async move { tokio::io::copy_bidirectional(&mut down, &mut up).await });
+        nodelay
+    });
+    let client = leasehold::kubeconfig::client_for(&via).await.unwrap();
+    // A whole TLS handshake (client certificate included) and a request, through the forwarder.
+    client
+        .apiserver_version()
+        .await
+        .expect("the API server answers through the forwarder");
+    assert_eq!(
+        forward.await.unwrap(),
+        Some(true),
+        "the client's connection keeps Nagle's algorithm on: its TLS handshake waits for the server's delayed ACK (~40 ms)"
+    );
+}
