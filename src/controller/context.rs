@@ -43,4 +43,6 @@ pub struct Context {
     pub mirrors: Arc<super::etcd::Mirrors>,
     /// Becomes true once the lock, claim and pod caches have synced.
     pub synced: tokio::sync::watch::Receiver<bool>,
+    /// Whose turn it is to reconcile each lock (scheduled or prompted reconciles).
+    pub turns: super::prompt::Turns,
 }

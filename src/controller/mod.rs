@@ -17,6 +17,7 @@ mod http;
 pub mod metrics;
 pub mod observe;
 pub mod pods;
+pub mod prompt;
 pub mod reconcile;
 pub mod relisted;
 pub mod sweep;

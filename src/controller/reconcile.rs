@@ -78,6 +78,12 @@ impl Error {
 #[instrument(skip_all, fields(namespace = lock.namespace().unwrap_or_default(), lock = lock.name_any()))]
 pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let started = Instant::now();
+    let owner = ctx.clone(); // the turn outlives `ctx`, which the etcd path takes
+    let _turn = owner
+        .turns
+        .of(&kube::runtime::reflector::ObjectRef::from_obj(lock.as_ref()))
+        .lock()
+        .await;
     let _ = ctx.synced.clone().wait_for(|synced| *synced).await;
     if lock.metadata.deletion_timestamp.is_some() {
         return Ok(super::finalizer::retire(&ctx, &lock).await?);

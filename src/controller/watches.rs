@@ -56,10 +56,11 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
     let controller = Controller::for_stream(locks, lock_store.clone()).with_config(config);
 
     let claims = Arc::new(super::claims::ClaimIndex::default());
+    let (prompter, prompts) = super::prompt::Prompter::new();
     let tombstones = Arc::new(super::sweep::Tombstones::default());
     let written = Arc::new(super::written::Written::default());
     let (t, index, buried) = (tracker.clone(), claims.clone(), tombstones.clone());
-    let (statuses, wrote) = (lock_store.clone(), written.clone());
+    let (statuses, wrote, prompt) = (lock_store.clone(), written.clone(), prompter.clone());
     let leases = watcher(
         opts.api::<Lease>(&client),
         watcher::Config::default().labels(protocol::LOCK_LABEL),
@@ -71,10 +72,16 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         index.apply(ev);
         let mut t = t.lock().expect("tracker lock poisoned");
         match ev {
-            watcher::Event::Apply(l) | watcher::Event::InitApply(l) => t.observe(l, Instant::now()),
+            watcher::Event::Apply(l) | watcher::Event::InitApply(l) => {
+                t.observe(l, Instant::now());
+                if protocol::claim::has_release_mark(l) {
+                    prompt_for_claim(&prompt, l);
+                }
+            }
             watcher::Event::Delete(l) => {
                 if named_in_status(&statuses, &wrote, l) {
                     buried.bury(l, Instant::now()); // deleted before its lock decided on it
+                    prompt_for_claim(&prompt, l);
                 }
                 t.forget(l, Instant::now())
             }
@@ -85,6 +92,7 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
     .touched_objects();
     let pod_index = Arc::new(super::pods::PodIndex::default());
     let (t, index) = (tracker.clone(), pod_index.clone());
+    let (ls, by_pod, prompt) = (lock_store.clone(), claims.clone(), prompter.clone());
     let pods = watcher(opts.api::<Pod>(&client), watcher::Config::default())
         .default_backoff()
         .modify(observe::slim_pod)
@@ -94,6 +102,9 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
                 t.lock()
                     .expect("tracker lock poisoned")
                     .pod_departed(pod, Instant::now());
+                locks_of_pod(pod, &ls, &by_pod)
+                    .into_iter()
+                    .for_each(|lock| prompt.prompt(lock));
             }
         })
         .touched_objects();
@@ -114,7 +125,9 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         sweeper: Arc::new(super::sweep::Sweeper::new(client.clone())),
         mirrors,
         synced: synced_rx,
+        turns: Default::default(),
     });
+    tokio::spawn(super::prompt::Prompter::serve(prompts, lock_store.clone(), ctx.clone()));
     let (ls, ctx2, ctx3) = (lock_store.clone(), ctx.clone(), ctx.clone());
     let by_pod = claims.clone();
     let pod_locks = move |pod: Pod| locks_of_pod(&pod, &ls, &by_pod);
@@ -154,6 +167,13 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
         .await;
+}
+
+/// Reconcile at once the lock claim `lease` asks for (see [`super::prompt`]).
+fn prompt_for_claim(prompter: &super::prompt::Prompter, lease: &Lease) {
+    if let (Some(ns), Some(lock)) = (lease.namespace(), protocol::claim::claim_lock(lease)) {
+        prompter.prompt(ObjectRef::new(lock).within(&ns));
+    }
 }
 
 /// Wait until a store has synced. kube-runtime's `Store::wait_until_ready` wakes only
