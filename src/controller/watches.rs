@@ -41,6 +41,8 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
     let (etcd_trigger, etcd_triggers) = tokio::sync::mpsc::unbounded_channel();
     let mirrors = Arc::new(super::etcd::Mirrors::new(client.clone(), etcd_trigger));
     let mirrored = mirrors.clone();
+    let written = Arc::new(super::written::Written::default());
+    let own = written.clone();
     // A deleted lock is never reconciled: its metric series and etcd mirror go as the
     // watch shows it. (As in `Controller::new`, the trigger backoff paces this watch.)
     let locks = watcher(opts.api::<DistributedLock>(&client), watcher::Config::default())
@@ -51,14 +53,15 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
                 mirrored.forget(&ObjectRef::from_obj(lock));
             }
         })
-        .applied_objects();
+        .applied_objects()
+        // The watch showing this controller's own status write holds no news for it.
+        .try_filter(move |lock| std::future::ready(!own.is_own(lock)));
     let config = kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES);
     let controller = Controller::for_stream(locks, lock_store.clone()).with_config(config);
 
     let claims = Arc::new(super::claims::ClaimIndex::default());
     let (prompter, prompts) = super::prompt::Prompter::new();
     let tombstones = Arc::new(super::sweep::Tombstones::default());
-    let written = Arc::new(super::written::Written::default());
     let (t, index, buried) = (tracker.clone(), claims.clone(), tombstones.clone());
     let (statuses, wrote, prompt) = (lock_store.clone(), written.clone(), prompter.clone());
     let leases = watcher(

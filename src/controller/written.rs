@@ -110,6 +110,16 @@ impl Written {
         deletes.sent.remove(&(ns.to_string(), name.to_string()));
     }
 
+    /// Whether `seen` is the very object this controller last wrote (its watch showing
+    /// that write): it holds no news, and reconciling it again would decide the same.
+    pub fn is_own(&self, seen: &DistributedLock) -> bool {
+        let map = self.statuses.lock().expect("written lock poisoned");
+        map.get(&key(seen)).is_some_and(|(_, written)| {
+            written.metadata.resource_version.is_some()
+                && written.metadata.resource_version == seen.metadata.resource_version
+        })
+    }
+
     /// Whether the lock `ns`/`name` as this controller last wrote it (while its lock
     /// watch has not shown that write yet) satisfies `pred`.
     pub fn last_written_is(&self, ns: &str, name: &str, pred: impl Fn(&DistributedLock) -> bool) -> bool {
@@ -155,6 +165,23 @@ mod tests {
         // The cache caught up (or someone else wrote): the cache wins, the record goes.
         assert_eq!(w.fresher(&lock("3", 5)).metadata.resource_version.as_deref(), Some("3"));
         assert_eq!(w.fresher(&lock("1", 0)).metadata.resource_version.as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn only_the_object_last_written_is_ones_own() {
+        let w = Written::default();
+        assert!(!w.is_own(&lock("2", 1)));
+        w.record(Some("1".into()), lock("2", 1));
+        assert!(w.is_own(&lock("2", 1)));
+        assert!(!w.is_own(&lock("1", 0)), "the version the write replaced");
+        assert!(!w.is_own(&lock("3", 1)), "someone's write after ours");
+        let mut elsewhere = lock("2", 1);
+        elsewhere.metadata.namespace = Some("other".into());
+        assert!(!w.is_own(&elsewhere), "another namespace's lock");
+        let mut no_version = lock("", 1);
+        no_version.metadata.resource_version = None;
+        w.record(Some("5".into()), no_version.clone());
+        assert!(!w.is_own(&no_version), "an object without a version is nobody's write");
     }
 
     #[test]
