@@ -49,9 +49,13 @@ pub fn client_from(config: kube::Config) -> Result<Client, kube::Error> {
     connector.set_write_timeout(config.write_timeout);
     connector.set_reset_reader_on_write(config.reset_reader_on_write);
     let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
-    let trace = tower_http::trace::TraceLayer::new_for_http().make_span_with(|req: &http::Request<kube::client::Body>| {
-        tracing::debug_span!("HTTP", http.method = %req.method(), http.url = %req.uri())
-    });
+    // Requests, answers and failures at debug: a failed request is its caller's to
+    // report (a readiness poll, a renewal retried), not an error line of its own.
+    let trace = tower_http::trace::TraceLayer::new_for_http()
+        .make_span_with(|req: &http::Request<kube::client::Body>| {
+            tracing::debug_span!("HTTP", http.method = %req.method(), http.url = %req.uri())
+        })
+        .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG));
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(
