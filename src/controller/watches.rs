@@ -95,7 +95,7 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
     .touched_objects();
     let pod_index = Arc::new(super::pods::PodIndex::default());
     let (t, index) = (tracker.clone(), pod_index.clone());
-    let (ls, by_pod, prompt) = (lock_store.clone(), claims.clone(), prompter.clone());
+    let (by_pod, prompt) = (claims.clone(), prompter.clone());
     let pods = watcher(opts.api::<Pod>(&client), watcher::Config::default())
         .default_backoff()
         .modify(observe::slim_pod)
@@ -105,9 +105,13 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
                 t.lock()
                     .expect("tracker lock poisoned")
                     .pod_departed(pod, Instant::now());
-                locks_of_pod(pod, &ls, &by_pod)
-                    .into_iter()
-                    .for_each(|lock| prompt.prompt(lock));
+                // The locks its claims ask for (the claim index, no scan of every lock's
+                // status as the trigger mapper below does): a holder has a claim.
+                if let Some(ns) = pod.namespace() {
+                    for lock in by_pod.locks_of_pod(&ns, &pod.name_any()) {
+                        prompt.prompt(ObjectRef::new(&lock).within(&ns));
+                    }
+                }
             }
         })
         .touched_objects();
