@@ -11,6 +11,9 @@ ensure_tools() {
   [ "$(id -u)" = 0 ] || sudo=sudo
   # protoc: the etcd backend's client (etcd-client) compiles etcd's protobufs.
   for tool in openssl curl gcc protoc; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+  # ... and protobuf's well-known types (google/protobuf/descriptor.proto), which
+  # Debian ships apart from protoc, in libprotobuf-dev (protoc may be there without it).
+  [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
   if [ ${#missing[@]} -gt 0 ]; then
     missing=("${missing[@]/gcc/build-essential}")
     apt_install "${missing[@]/protoc/protobuf-compiler}" ca-certificates
