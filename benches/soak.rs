@@ -77,6 +77,9 @@ struct World {
     lease: Duration,
     controller_proxy: Proxy,
     controller: Mutex<Option<Child>>,
+    /// The controller's HTTP port, the same across its restarts: the URL it publishes
+    /// for release notices stays good, and holders reach it while it runs.
+    http_port: u16,
     runners: Vec<Runner>,
 }
 
@@ -142,6 +145,7 @@ async fn main() -> anyhow::Result<()> {
         lease: Duration::from_secs(a.lease as u64),
         controller_proxy,
         controller: Mutex::new(None),
+        http_port: std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port(),
         runners,
     });
     start_controller(&world)?;
@@ -228,7 +232,9 @@ async fn create_pod(client: &Client, name: &str) -> anyhow::Result<String> {
 
 fn start_controller(world: &World) -> anyhow::Result<()> {
     let child = Command::new(leasehold())
-        .args(["controller", "--namespace", NS, "--http-addr", "127.0.0.1:0"])
+        .args(["controller", "--namespace", NS, "--advertise-address", "127.0.0.1"])
+        .arg("--http-addr")
+        .arg(format!("127.0.0.1:{}", world.http_port))
         .env("KUBECONFIG", world.dir.join("kubeconfig-controller"))
         .env("RUST_LOG", "error")
         .kill_on_drop(true)
@@ -361,12 +367,32 @@ async fn forge_release(world: &World) -> bool {
     let Some((_, claim)) = holder(world).await else {
         return false;
     };
+    // A release notice with a made-up secret to the controller (refused: 403), then a
+    // mark with one on the claim (the holder is revoked, its slot held back).
+    let notice = serde_json::json!({"namespace": NS, "lock": "l", "claim": claim, "secret": "true"}).to_string();
+    let _ = forged_notice(world.http_port, &notice).await;
     let patch = serde_json::json!({"metadata": {"annotations": {"leasehold.dev/released": "true"}}});
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(world.client.clone(), NS);
     leases
         .patch(&claim, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .is_ok()
+}
+
+/// POST a release notice body to the controller on loopback; its status line.
+async fn forged_notice(port: u16, body: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let req = format!(
+        "POST /v1/release HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(req.as_bytes()).await?;
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(2), conn.read_to_string(&mut out))
+        .await
+        .map_err(std::io::Error::other)??;
+    Ok(out.lines().next().unwrap_or_default().to_string())
 }
 
 struct Report {

@@ -189,6 +189,15 @@ pub struct DistributedLockStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
+    /// Where the controller that last wrote this status takes release notices
+    /// (`http://host:port`; it serves them at `/v1/release`). A holder releasing its
+    /// grant tells the controller there first, which passes the slot on without waiting
+    /// for the claim's release mark to be written and watched; if the notice is not
+    /// answered as written, the holder marks its claim released as usual. Absent: the
+    /// controller takes no notices, and holders release through their claim alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_url: Option<String>,
+
     /// Standard conditions, one per type. `Ready` is True while the controller
     /// reconciles this lock and accepts all its claims; False with the reason when no
     /// claim can name the lock (`NameTooLong`) or claims were rejected

@@ -22,7 +22,9 @@
 //! python3 scripts/plot-handoff.py                   # docs/handoff.png from the CSV
 //! ```
 //! Options: `--rounds N`, `--contenders N` (default 20), `--only a,b` (series keys),
-//! `--csv PATH` (default `$CARGO_TARGET_DIR/handoff.csv`).
+//! `--csv PATH` (default `$CARGO_TARGET_DIR/handoff.csv`), `--no-notices` (the
+//! controller publishes no release URL: holders release through their claims alone,
+//! as before release notices).
 
 mod inproc;
 mod procs;
@@ -41,6 +43,7 @@ struct Args {
     contenders: usize,
     only: Option<Vec<String>>,
     csv: PathBuf,
+    notices: bool,
 }
 
 fn args() -> Option<Args> {
@@ -52,6 +55,7 @@ fn args() -> Option<Args> {
         contenders: value("--contenders").and_then(|v| v.parse().ok()).unwrap_or(20),
         only: value("--only").map(|v| v.split(',').map(String::from).collect()),
         csv: value("--csv").map_or_else(|| target.join("handoff.csv"), PathBuf::from),
+        notices: !argv.iter().any(|a| a == "--no-notices"),
     })
 }
 
@@ -71,11 +75,21 @@ fn main() -> anyhow::Result<()> {
 async fn measure(args: &Args, kubeconfig: &Path, etcd: &str) -> anyhow::Result<()> {
     let want = |key: &str| args.only.as_ref().is_none_or(|o| o.iter().any(|k| k == key));
     let client = leasehold::kubeconfig::client_for(kubeconfig).await?;
-    let controller = tokio::spawn(leasehold::controller::run(
-        client.clone(),
-        leasehold::controller::Options::single("bench", None),
-        std::future::pending(),
-    ));
+    // The controller serves release notices on loopback, as a deployed one does on its
+    // pod IP (`--advertise-address`).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let opts = leasehold::controller::Options {
+        http_addr: Some(([127, 0, 0, 1], port).into()),
+        release_url: args
+            .notices
+            .then(|| leasehold::controller::release_url("127.0.0.1", port)),
+        ..leasehold::controller::Options::single("bench", None)
+    };
+    println!(
+        "release notices: {}",
+        if args.notices { "on" } else { "off (--no-notices)" }
+    );
+    let controller = tokio::spawn(leasehold::controller::run(client.clone(), opts, std::future::pending()));
     let leasehold = Path::new(LEASEHOLD);
     let (n, k) = (args.rounds, args.contenders);
     let mut all = Vec::new();

@@ -7,9 +7,16 @@ use super::ClusterArgs;
 /// Options of `leasehold controller`.
 #[derive(clap::Args, Debug)]
 pub struct ControllerArgs {
-    /// Address for /metrics, /healthz and /readyz.
+    /// Address for /metrics, /healthz, /readyz and release notices.
     #[arg(long, env = "LEASEHOLD_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
+    /// The address (usually the pod IP, from the downward API) at which clients reach
+    /// --http-addr's port. The controller publishes `http://ADDRESS:PORT` in the status
+    /// it writes, and holders send it their release notices there, which makes a
+    /// graceful handoff one API write shorter. Without it, holders release through their
+    /// claims alone.
+    #[arg(long, env = "LEASEHOLD_ADVERTISE_ADDRESS")]
+    pub advertise_address: Option<String>,
     /// Elect a leader among replicas through a Lease in this namespace (usually the
     /// controller's own, from the downward API). Without it, run as the only replica.
     #[arg(long, env = "LEASEHOLD_LEADER_ELECTION_NAMESPACE")]
@@ -36,6 +43,10 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         identity,
         http_addr: Some(args.http_addr),
         namespace: args.namespace,
+        release_url: args
+            .advertise_address
+            .as_deref()
+            .map(|a| crate::controller::release_url(a, args.http_addr.port())),
     };
     crate::controller::run(client, opts, shutdown_signal()).await?;
     Ok(())

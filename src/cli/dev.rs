@@ -49,6 +49,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let controller = args.controller.then(|| {
         let opts = crate::controller::Options {
             http_addr: Some(([127, 0, 0, 1], 8080).into()),
+            release_url: Some(crate::controller::release_url("127.0.0.1", 8080)),
             ..crate::controller::Options::single("leasehold-dev", None)
         };
         tokio::spawn(crate::controller::run(client, opts, std::future::pending()))

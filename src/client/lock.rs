@@ -333,6 +333,7 @@ impl Lock {
             };
             let status = lock.status.clone().unwrap_or_default();
             if let Some(token) = granted_token(&status, claim) {
+                session.set_release_url(status.release_url.as_deref());
                 return Ok(Outcome::Granted(token));
             }
             if matches!(mode, Mode::Try) && status.queue.iter().any(|w| w.claim == claim) {
@@ -367,7 +368,12 @@ fn watch_revocation(mut events: LockWatch, session: Arc<Session>) {
             let reason = match seen {
                 Seen::Gone => LostReason::LockDeleted,
                 Seen::Lock(lock) if !grants(&lock, &session.claim) => LostReason::Revoked,
-                Seen::Lock(_) => continue,
+                Seen::Lock(lock) => {
+                    // A new leader publishes where it takes notices with its writes.
+                    let url = lock.status.as_ref().and_then(|s| s.release_url.as_deref());
+                    session.set_release_url(url);
+                    continue;
+                }
             };
             tracing::warn!(claim = session.claim, ?reason, "the grant is gone");
             session.lose(reason);

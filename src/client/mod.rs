@@ -33,6 +33,7 @@
 
 mod guard;
 mod lock;
+mod notice;
 mod progress;
 pub(crate) mod session;
 mod watch;

@@ -83,8 +83,17 @@ pub(crate) enum Cadence {
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Release {
     /// Write the release mark on the claim Lease: the secret whose hash the claim
-    /// carries proves the mark is the owner's.
-    Kube { leases: Api<Lease>, secret: Secret },
+    /// carries proves the mark is the owner's. A holder first tells the controller at
+    /// `release_url` (the one its lock's status published, see
+    /// [`crate::protocol::notice`]), and marks the claim only when that is not answered
+    /// as written.
+    Kube {
+        leases: Api<Lease>,
+        secret: Secret,
+        /// The claim's (namespace, lock).
+        lock: (String, String),
+        release_url: std::sync::Mutex<Option<String>>,
+    },
     /// Revoke the claim's etcd lease.
     #[cfg(feature = "etcd")]
     Etcd(crate::etcd::claim::EtcdRelease),
@@ -154,13 +163,13 @@ impl Session {
             name: name.clone(),
             uid: created.metadata.uid,
         };
-        Ok(Session::start(
-            name,
-            lease,
-            Release::Kube { leases, secret },
-            (sent, Cadence::Waiting),
-            renewer,
-        ))
+        let release = Release::Kube {
+            leases,
+            secret,
+            lock: (identity.namespace.clone(), lock.to_string()),
+            release_url: Default::default(),
+        };
+        Ok(Session::start(name, lease, release, (sent, Cadence::Waiting), renewer))
     }
 
     /// A session for a claim created when `sent` was sent, renewed by `renewer` at `cadence`.
@@ -249,11 +258,51 @@ impl Session {
         });
     }
 
-    /// Stop renewing and mark the claim released (one write, bounded by the renewal
-    /// timeout: when it cannot be written, the claim expires instead).
+    /// Where the controller takes release notices, as the lock's status last said
+    /// (see [`crate::protocol::notice`]); `None` when it says nothing.
+    pub fn set_release_url(&self, url: Option<&str>) {
+        if let Release::Kube { release_url, .. } = &self.release {
+            let mut current = release_url.lock().expect("release URL lock poisoned");
+            if current.as_deref() != url {
+                *current = url.map(String::from);
+            }
+        }
+    }
+
+    /// Stop renewing and give the claim up: a holder tells the controller first (when
+    /// its lock published where), and is done if the controller answers that the
+    /// release is written; otherwise the claim is marked released (one write, bounded by
+    /// the renewal timeout: when it cannot be written, the claim expires instead).
     pub async fn end(&self) -> Result<(), Error> {
+        let held = self.holding.borrow().is_some();
         self.finish();
+        if held && self.notice_written().await {
+            return Ok(());
+        }
         self.release_mark().await
+    }
+
+    /// Send the release notice, if the lock published where; whether it was written.
+    async fn notice_written(&self) -> bool {
+        let Release::Kube {
+            secret,
+            lock: (namespace, lock),
+            release_url,
+            ..
+        } = &self.release
+        else {
+            return false;
+        };
+        let Some(url) = release_url.lock().expect("release URL lock poisoned").clone() else {
+            return false;
+        };
+        let notice = crate::protocol::notice::Notice {
+            namespace: namespace.clone(),
+            lock: lock.clone(),
+            claim: self.claim.clone(),
+            secret: secret.reveal().to_string(),
+        };
+        super::notice::written(&url, &notice, self.lease).await
     }
 
     /// Write the release mark (bounded by the renewal timeout).
@@ -261,7 +310,7 @@ impl Session {
         let limit = renew_timeout(self.lease);
         let released = async {
             match &self.release {
-                Release::Kube { leases, secret } => mark_released(leases, &self.claim, secret).await,
+                Release::Kube { leases, secret, .. } => mark_released(leases, &self.claim, secret).await,
                 #[cfg(feature = "etcd")]
                 Release::Etcd(r) => r.release().await.map_err(Error::from),
             }

@@ -45,4 +45,8 @@ pub struct Context {
     pub synced: tokio::sync::watch::Receiver<bool>,
     /// Whose turn it is to reconcile each lock (scheduled or prompted reconciles).
     pub turns: super::prompt::Turns,
+    /// The release notices taken over HTTP.
+    pub notices: Arc<super::notices::Notices>,
+    /// Where this replica takes release notices, published in the statuses it writes.
+    pub release_url: Option<String>,
 }

@@ -1,25 +1,46 @@
-//! The controller's HTTP endpoints: /metrics (OpenMetrics text), /healthz and /readyz.
+//! The controller's HTTP endpoints: /metrics (OpenMetrics text), /healthz, /readyz, and
+//! the release notices ([`crate::protocol::notice`], POST [`NOTICE_PATH`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Router;
-use axum::extract::State;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
-use axum::routing::get;
+use axum::routing::{get, post};
 
 use super::metrics::{CONTENT_TYPE, Metrics};
+use super::notices::Notices;
+use crate::protocol::notice::{MAX_NOTICE_BYTES, NOTICE_PATH, Notice};
 
-/// Serve /metrics, /healthz and /readyz on `addr` until the task is dropped.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+/// Serve the endpoints on `addr` until the task is dropped.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, notices: Arc<Notices>) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-    axum::serve(listener, router(metrics)).await
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz and release notices");
+    axum::serve(listener, router(metrics, notices)).await
 }
 
 /// The endpoints' routes.
-fn router(metrics: Arc<Metrics>) -> Router {
+fn router(metrics: Arc<Metrics>, notices: Arc<Notices>) -> Router {
+    let m = metrics.clone();
+    let take = post(move |State(notices): State<Arc<Notices>>, body: Bytes| async move {
+        let answer = match serde_json::from_slice::<Notice>(&body) {
+            Ok(notice) => notices.take(&notice).await,
+            Err(e) => {
+                m.record_notice("malformed");
+                return (StatusCode::BAD_REQUEST, format!("not a release notice: {e}\n"));
+            }
+        };
+        m.record_notice(answer.category());
+        let (code, text) = answer.http();
+        (StatusCode::from_u16(code).expect("a valid code"), text.to_string())
+    });
+    let notices = Router::new()
+        .route(NOTICE_PATH, take)
+        .layer(DefaultBodyLimit::max(MAX_NOTICE_BYTES))
+        .with_state(notices);
     Router::new()
         .route(
             "/metrics",
@@ -37,6 +58,7 @@ fn router(metrics: Arc<Metrics>) -> Router {
             }),
         )
         .with_state(metrics)
+        .merge(notices)
 }
 
 #[cfg(test)]
@@ -49,7 +71,10 @@ mod tests {
     #[tokio::test]
     async fn metrics_are_served_as_openmetrics_text() {
         let request = http::Request::get("/metrics").body(axum::body::Body::empty()).unwrap();
-        let response = router(Arc::new(Metrics::default())).oneshot(request).await.unwrap();
+        let response = router(Arc::new(Metrics::default()), Arc::default())
+            .oneshot(request)
+            .await
+            .unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(
             response.headers()[header::CONTENT_TYPE],
@@ -60,6 +85,38 @@ mod tests {
         assert!(
             text.contains("leasehold_build_info{") && text.ends_with("# EOF\n"),
             "{text}"
+        );
+    }
+
+    async fn post_notice(router: Router, body: impl Into<axum::body::Body>) -> (StatusCode, String) {
+        let request = http::Request::post(NOTICE_PATH).body(body.into()).unwrap();
+        let response = router.oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_notice_is_refused_clearly_when_malformed_oversized_or_sent_to_a_standby() {
+        let metrics = Arc::new(Metrics::default());
+        let app = || router(metrics.clone(), Arc::default());
+        let (status, text) = post_notice(app(), "{\"claim\": 1}").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(text.starts_with("not a release notice"), "{text}");
+        let big = format!("{{\"padding\": \"{}\"}}", "x".repeat(MAX_NOTICE_BYTES));
+        assert_eq!(post_notice(app(), big).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+        let notice = serde_json::json!({"namespace": "ns", "lock": "l", "claim": "l-1", "secret": "s"});
+        let (status, text) = post_notice(app(), notice.to_string()).await;
+        assert_eq!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no leader lent the notices its caches"
+        );
+        assert!(text.contains("not the leader"), "{text}");
+        let encoded = metrics.encode();
+        assert!(
+            encoded.contains("leasehold_release_notices_total{category=\"not_leader\"} 1"),
+            "{encoded}"
         );
     }
 }

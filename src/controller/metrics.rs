@@ -80,6 +80,8 @@ pub struct Metrics {
     pub errors: Family<CategoryLabels, Counter>,
     /// Normal events not published: over the event budget.
     pub events_suppressed: Counter,
+    /// Release notices taken, by answer.
+    pub notices: Family<CategoryLabels, Counter>,
     /// 1 while this replica leads (or runs without election), else 0.
     pub leader: Gauge,
     /// Set once the controller's caches are synced (or it is a ready standby).
@@ -106,6 +108,7 @@ impl Default for Metrics {
         let reconcile_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let errors = Family::<CategoryLabels, Counter>::default();
         let events_suppressed = Counter::default();
+        let notices = Family::<CategoryLabels, Counter>::default();
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -138,7 +141,13 @@ impl Default for Metrics {
             "Normal events not published: over the event budget",
             events_suppressed.clone(),
         );
+        registry.register(
+            "release_notices",
+            "Release notices taken over HTTP, by answer (category)",
+            notices.clone(),
+        );
         Metrics {
+            notices,
             grants,
             revocations,
             queue_depth,
@@ -240,6 +249,14 @@ impl Metrics {
             category: category.into(),
         };
         self.errors.get_or_create(&labels).inc();
+    }
+
+    /// Count a release notice by its answer's fixed category.
+    pub fn record_notice(&self, category: &'static str) {
+        let labels = CategoryLabels {
+            category: category.into(),
+        };
+        self.notices.get_or_create(&labels).inc();
     }
 
     /// The metrics in the OpenMetrics text format.

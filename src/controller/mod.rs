@@ -15,6 +15,7 @@ pub mod etcd;
 pub mod finalizer;
 mod http;
 pub mod metrics;
+pub mod notices;
 pub mod observe;
 pub mod pods;
 pub mod prompt;
@@ -56,6 +57,11 @@ pub struct Options {
     pub http_addr: Option<SocketAddr>,
     /// Watch only this namespace; `None` watches all.
     pub namespace: Option<String>,
+    /// The URL (`http://host:port`) at which clients reach `http_addr`, published in
+    /// every status this replica writes so holders send it their release notices
+    /// ([`crate::protocol::notice`]); `None` publishes none (holders then release
+    /// through their claims alone).
+    pub release_url: Option<String>,
 }
 
 impl Options {
@@ -67,6 +73,7 @@ impl Options {
             identity: identity.into(),
             http_addr: None,
             namespace: namespace.map(String::from),
+            release_url: None,
         }
     }
 
@@ -79,6 +86,15 @@ impl Options {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         }
+    }
+}
+
+/// The release URL for clients that reach this replica's HTTP port `port` at `address`
+/// (a host name or an IP address; an IPv6 address is bracketed).
+pub fn release_url(address: &str, port: u16) -> String {
+    match address.parse::<std::net::Ipv6Addr>() {
+        Ok(v6) => format!("http://[{v6}]:{port}"),
+        Err(_) => format!("http://{address}:{port}"),
     }
 }
 
@@ -96,11 +112,12 @@ pub const LEADER_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Run the controller until `shutdown` completes.
 pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), ControllerError> {
     let metrics = Arc::new(Metrics::default());
+    let notices = Arc::new(notices::Notices::default());
     let http = opts.http_addr.map(|addr| {
-        let m = metrics.clone();
+        let (m, n) = (metrics.clone(), notices.clone());
         tokio::spawn(async move {
-            if let Err(e) = http::serve(addr, m).await {
-                tracing::error!(%addr, error = %e, "serving HTTP failed: no /metrics, /healthz or /readyz");
+            if let Err(e) = http::serve(addr, m, n).await {
+                tracing::error!(%addr, error = %e, "serving HTTP failed: no /metrics, /healthz, /readyz or release notices");
             }
         })
     });
@@ -108,11 +125,11 @@ pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = (
         None => {
             metrics.set_leader(true); // the only replica
             tokio::select! {
-                _ = async { wait_for_crd(client.clone()).await; watches::run_leader(client.clone(), &opts, metrics.clone()).await } => Ok(()),
+                _ = async { wait_for_crd(client.clone()).await; watches::run_leader(client.clone(), &opts, metrics.clone(), notices.clone()).await } => Ok(()),
                 _ = shutdown => Ok(()),
             }
         }
-        Some(ns) => run_elected(client.clone(), &opts, ns, metrics.clone(), shutdown).await,
+        Some(ns) => run_elected(client.clone(), &opts, ns, (metrics.clone(), notices.clone()), shutdown).await,
     };
     if let Some(h) = http {
         h.abort();
@@ -139,7 +156,7 @@ async fn run_elected(
     client: Client,
     opts: &Options,
     ns: &str,
-    metrics: Arc<Metrics>,
+    (metrics, notices): (Arc<Metrics>, Arc<notices::Notices>),
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ControllerError> {
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), LEADER_LEASE)
@@ -164,11 +181,12 @@ async fn run_elected(
             tracing::info!(identity = opts.identity, "leading: reconciling");
             metrics.set_leader(true);
             tokio::select! {
-                _ = watches::run_leader(client.clone(), opts, metrics.clone()) => {}
+                _ = watches::run_leader(client.clone(), opts, metrics.clone(), notices.clone()) => {}
                 _ = async { while *leading.borrow_and_update() { if leading.changed().await.is_err() { break } } } => {
                     tracing::warn!("lost leadership: stopping reconciles");
                 }
             }
+            notices.step_down();
             metrics.set_leader(false);
         }
     };

@@ -105,14 +105,16 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
             }
             now >= expires
         };
-        let view = claim_view(lease_obj, pod, uid, expired, &status, &tracker);
+        let noticed = ctx.notices.noticed(&ns, &name_of);
+        let view = claim_view(lease_obj, (pod, uid), expired, noticed.is_some(), &status, &tracker);
         if view.forged {
             let note = "the claim's release mark does not match its release hash: written by someone \
                         other than its process; a holder is revoked with its slot held back, a waiter is dropped";
             warnings.push((lease_obj.clone(), "ForgedRelease", note.to_string()));
         }
         if view.released {
-            released_seen.push((view.name.clone(), tracker.released_at(lease_obj)));
+            let seen = noticed.unwrap_or_else(|| tracker.released_at(lease_obj));
+            released_seen.push((view.name.clone(), seen));
         }
         claims.push(view);
     }
@@ -215,12 +217,14 @@ pub fn claims_of(ctx: &Context, lock: &DistributedLock) -> Vec<Arc<Lease>> {
 }
 
 /// One claim turned into the decide core's view. Its release mark is judged against
-/// the hash recorded in `status` when it was queued (its own, if not queued yet).
+/// the hash recorded in `status` when it was queued (its own, if not queued yet). A
+/// claim with no mark but a valid release notice (`noticed`, checked against that same
+/// hash when taken, see [`super::notices`]) counts as validly marked.
 pub fn claim_view(
     lease: &Lease,
-    pod: String,
-    pod_uid: String,
+    (pod, pod_uid): (String, String),
     expired: bool,
+    noticed: bool,
     status: &DistributedLockStatus,
     tracker: &Tracker,
 ) -> ClaimView {
@@ -232,7 +236,10 @@ pub fn claim_view(
         (None, Some(w)) => w.release_hash.clone(),
         (None, None) => release::claim_hash(lease),
     };
-    let mark = release::judge(lease, recorded.as_deref());
+    let mark = match release::judge(lease, recorded.as_deref()) {
+        Mark::None if noticed => Mark::Valid,
+        mark => mark,
+    };
     ClaimView {
         name,
         pod,

@@ -113,7 +113,8 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         }
         publish_warnings(&ctx, &plan.warnings);
         let trouble = (plan.rejected > 0).then(|| Trouble::rejected(plan.rejected));
-        let status = with_conditions(&current, plan.decision.status.clone(), trouble.as_ref());
+        let mut status = with_conditions(&current, plan.decision.status.clone(), trouble.as_ref());
+        status.release_url = ctx.release_url.clone();
         grants_restart_expiry(&ctx, &ns, &plan);
         match write_status(&ctx, &api, &mut current, status).await? {
             Step::Go => {}
@@ -158,16 +159,17 @@ pub enum Step {
     Stop,
 }
 
-/// Write `status` over `current`'s (unless unchanged), with `current`'s resourceVersion
-/// as the precondition, and remember the write for the next reconcile. On a conflict
-/// `current` becomes the lock as re-read.
+/// Write `status` over `current`'s (unless unchanged but for its release URL, which
+/// goes along with writes made anyway), with `current`'s resourceVersion as the
+/// precondition, and remember the write for the next reconcile. On a conflict `current`
+/// becomes the lock as re-read.
 pub async fn write_status(
     ctx: &Context,
     api: &Api<DistributedLock>,
     current: &mut DistributedLock,
     status: DistributedLockStatus,
 ) -> Result<Step, Error> {
-    if current.status.as_ref() == Some(&status) {
+    if unchanged(current.status.as_ref(), &status) {
         return Ok(Step::Go);
     }
     let name = current.name_any();
@@ -176,6 +178,7 @@ pub async fn write_status(
     match api.replace_status(&name, &PostParams::default(), &next).await {
         Ok(written) => {
             ctx.written.record(current.metadata.resource_version.clone(), written);
+            ctx.notices.wrote();
             Ok(Step::Go)
         }
         Err(kube::Error::Api(s)) if s.is_conflict() => {
@@ -234,6 +237,19 @@ async fn renewed_unseen(ctx: &Context, ns: &str, plan: &Plan) -> Result<bool, Er
         }
     }
     Ok(renewed)
+}
+
+/// Whether writing `next` over `current` would change nothing but the release URL: a
+/// controller's URL is published with the writes it makes anyway, never alone (a new
+/// leader would otherwise rewrite every lock at once).
+fn unchanged(current: Option<&DistributedLockStatus>, next: &DistributedLockStatus) -> bool {
+    current.is_some_and(|c| {
+        c.release_url == next.release_url && c == next || {
+            let mut c = c.clone();
+            c.release_url.clone_from(&next.release_url);
+            &c == next
+        }
+    })
 }
 
 /// A claim read afresh (a quorum read); one gone and not yet shown gone by the watch
@@ -367,6 +383,22 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
+
+    #[test]
+    fn a_status_is_not_written_for_its_release_url_alone() {
+        let old = DistributedLockStatus {
+            fencing_token: 3,
+            release_url: Some("http://10.0.0.1:8080".into()),
+            ..Default::default()
+        };
+        let mut new = old.clone();
+        new.release_url = Some("http://10.0.0.2:8080".into());
+        assert!(unchanged(Some(&old), &new), "a new leader's URL waits for a write");
+        new.fencing_token = 4;
+        assert!(!unchanged(Some(&old), &new), "and goes with the next one");
+        assert!(!unchanged(None, &new));
+        assert!(unchanged(Some(&new), &new.clone()));
+    }
 
     #[test]
     fn an_expiry_deletes_only_the_claim_as_read() {

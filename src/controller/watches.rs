@@ -26,7 +26,12 @@ use crate::protocol;
 pub const MAX_CONCURRENT_RECONCILES: u16 = 32;
 
 /// Watch and reconcile (runs forever).
-pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metrics>) {
+pub(super) async fn run_leader(
+    client: Client,
+    opts: &Options,
+    metrics: Arc<Metrics>,
+    notices: Arc<super::notices::Notices>,
+) {
     let tracker = Arc::new(Mutex::new(Tracker::default()));
     let recorder = Recorder::new(
         client.clone(),
@@ -62,7 +67,7 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
     let claims = Arc::new(super::claims::ClaimIndex::default());
     let (prompter, prompts) = super::prompt::Prompter::new();
     let tombstones = Arc::new(super::sweep::Tombstones::default());
-    let (t, index, buried) = (tracker.clone(), claims.clone(), tombstones.clone());
+    let (t, index, buried, noticed) = (tracker.clone(), claims.clone(), tombstones.clone(), notices.clone());
     let (statuses, wrote, prompt) = (lock_store.clone(), written.clone(), prompter.clone());
     let leases = watcher(
         opts.api::<Lease>(&client),
@@ -83,10 +88,14 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
             }
             watcher::Event::Delete(l) => {
                 if named_in_status(&statuses, &wrote, l) {
-                    buried.bury(l, Instant::now()); // deleted before its lock decided on it
+                    // Deleted before its lock decided on it (a noticed claim as marked).
+                    buried.bury(noticed.as_marked(l).as_ref().unwrap_or(l), Instant::now());
                     prompt_for_claim(&prompt, l);
                 }
-                t.forget(l, Instant::now())
+                t.forget(l, Instant::now());
+                if let Some(ns) = l.namespace() {
+                    noticed.forget(&ns, &l.name_any());
+                }
             }
             watcher::Event::Init => t.relist_started(),
             watcher::Event::InitDone => t.relist_done(),
@@ -133,7 +142,10 @@ pub(super) async fn run_leader(client: Client, opts: &Options, metrics: Arc<Metr
         mirrors,
         synced: synced_rx,
         turns: Default::default(),
+        notices: notices.clone(),
+        release_url: opts.release_url.clone(),
     });
+    notices.lead(lock_store.clone(), ctx.written.clone(), prompter.clone());
     tokio::spawn(super::prompt::Prompter::serve(prompts, lock_store.clone(), ctx.clone()));
     let (ls, ctx2, ctx3) = (lock_store.clone(), ctx.clone(), ctx.clone());
     let by_pod = claims.clone();

@@ -67,6 +67,8 @@
 //! compared. `timing`'s tests state this inequality with the real functions.
 
 pub mod claim;
+#[cfg(feature = "client")]
+pub mod notice;
 pub mod release;
 pub mod timing;
 

@@ -52,6 +52,18 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Whether `secret` is the one behind `hash`, a release hash recorded in status.
+pub fn opens(hash: &str, secret: &str) -> bool {
+    hash_of(secret) == hash
+}
+
+/// Whether a release notice's `secret` releases a claim whose recorded hash is
+/// `recorded`: only a claim with a hash can be released by notice (an older client's
+/// claim, released with `"true"`, has no secret to tell).
+pub fn notice_proves(secret: &str, recorded: Option<&str>) -> bool {
+    recorded.is_some_and(|hash| opens(hash, secret))
+}
+
 /// What a claim's release mark proves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mark {
@@ -76,7 +88,7 @@ pub fn judge(lease: &Lease, recorded: Option<&str>) -> Mark {
         return Mark::None;
     };
     let valid = match recorded {
-        Some(hash) => hash_of(mark) == hash,
+        Some(hash) => opens(hash, mark),
         None => mark == "true",
     };
     if valid { Mark::Valid } else { Mark::Forged }
@@ -115,6 +127,19 @@ mod tests {
         );
         let other = Secret::generate();
         assert_eq!(judge(&marked(Some(other.reveal())), Some(&hash)), Mark::Forged);
+    }
+
+    #[test]
+    fn a_notice_releases_only_with_the_secret_behind_a_recorded_hash() {
+        let secret = Secret::generate();
+        let hash = secret.hash();
+        assert!(notice_proves(secret.reveal(), Some(&hash)));
+        assert!(!notice_proves(&hash, Some(&hash)), "the hash is no secret");
+        assert!(!notice_proves(Secret::generate().reveal(), Some(&hash)));
+        assert!(
+            !notice_proves("true", None),
+            "a claim without a hash has no secret to tell"
+        );
     }
 
     #[test]

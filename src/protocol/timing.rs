@@ -68,6 +68,18 @@ pub fn release_budget(lease: Duration) -> Duration {
     lease / 2
 }
 
+/// Client side: how long a holder waits for the controller's answer to its release
+/// notice ([`crate::protocol::notice`]) before it writes the release mark instead: an
+/// eighth of the lease, between 125 ms and 1 s. It leaves the mark a whole
+/// [`renew_timeout`] within the [`release_budget`], and exceeds [`NOTICE_WAIT`].
+pub fn notice_timeout(lease: Duration) -> Duration {
+    (lease / 8).clamp(Duration::from_millis(125), Duration::from_secs(1))
+}
+
+/// Controller side: how long it waits for the status write a release notice asks for
+/// before it answers that the notice was accepted but not yet written.
+pub const NOTICE_WAIT: Duration = Duration::from_millis(100);
+
 /// Controller side: when an unrenewed claim expires, counted from when this controller
 /// *saw* its last renewal (or, for a holder, wrote its grant, whichever is later), by
 /// the longer of the lock's and the claim's own lease (its wait lease while it waits).
@@ -179,6 +191,21 @@ mod tests {
         ) {
             let ms = Duration::from_millis;
             prop_assert!(stale_grant_is_fenced(ms(lease_ms), ms(spec_ms), ms(granted_after_ms), ms(renewed_after_ms)));
+        }
+    }
+
+    #[test]
+    fn a_release_notice_is_answered_in_time_and_a_failed_one_leaves_the_mark_its_try() {
+        for secs in 1..=MAX_LEASE_SECONDS as u64 {
+            let lease = Duration::from_secs(secs);
+            assert!(NOTICE_WAIT < notice_timeout(lease), "lease {secs}s");
+            assert!(
+                notice_timeout(lease) + renew_timeout(lease) <= release_budget(lease),
+                "lease {secs}s: notice {:?} + mark {:?} > budget {:?}",
+                notice_timeout(lease),
+                renew_timeout(lease),
+                release_budget(lease)
+            );
         }
     }
 

@@ -1,0 +1,316 @@
+//! Release notices taken over HTTP ([`crate::protocol::notice`]): a holder's release,
+//! told straight to the controller.
+//!
+//! A notice is checked against the freshest status this controller knows (its own last
+//! write, or its cache): the claim must be named there as a holder, and the secret must
+//! open the release hash recorded for it. A valid one is remembered here until its
+//! claim is deleted, and the lock is reconciled at once. While remembered, the decide
+//! core sees the claim as carrying a valid release mark ([`Notices::noticed`]), and
+//! nothing else changes: the notice frees the slot exactly as the mark would. The
+//! answer waits (up to [`NOTICE_WAIT`]) for a status write that no longer names the
+//! claim, so [`Answer::Written`] means the release is recorded in the lock's status.
+//! Only the leader takes notices; a standby answers [`Answer::NotLeader`] and the
+//! client marks its claim instead.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::watch;
+
+use super::prompt::Prompter;
+use super::written::Written;
+use crate::api::DistributedLock;
+use crate::protocol::RELEASED_ANNOTATION;
+use crate::protocol::notice::{ACCEPTED, Notice, WRITTEN};
+use crate::protocol::release::notice_proves;
+use crate::protocol::timing::NOTICE_WAIT;
+
+/// How long a notice is remembered at most when its claim's deletion is never seen
+/// (a deletion the API server refuses); the claim's lock decided on it long before.
+pub const NOTICE_MEMORY: Duration = Duration::from_secs(600);
+
+/// What the controller answers a notice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// The lock's status no longer names the claim: the release is recorded.
+    Written,
+    /// Valid, but no status write dropped the claim within [`NOTICE_WAIT`].
+    Accepted,
+    /// This replica is not reconciling (a standby, or starting).
+    NotLeader,
+    /// The lock's status names no such holder (unknown lock or claim, or released).
+    NotHeld,
+    /// The secret does not open the hash recorded for the claim.
+    Mismatch,
+}
+
+impl Answer {
+    /// The HTTP status code and body of the answer.
+    pub fn http(self) -> (u16, &'static str) {
+        match self {
+            Answer::Written => (WRITTEN, "written: the lock's status no longer names the claim\n"),
+            Answer::Accepted => (ACCEPTED, "accepted, not yet written: mark the claim released\n"),
+            Answer::NotLeader => (503, "this replica is not the leader: mark the claim released\n"),
+            Answer::NotHeld => (409, "the lock's status names no such holder\n"),
+            Answer::Mismatch => (403, "the secret does not open the claim's release hash\n"),
+        }
+    }
+
+    /// A short fixed string for metric labels.
+    pub fn category(self) -> &'static str {
+        match self {
+            Answer::Written => "written",
+            Answer::Accepted => "accepted",
+            Answer::NotLeader => "not_leader",
+            Answer::NotHeld => "not_held",
+            Answer::Mismatch => "mismatch",
+        }
+    }
+}
+
+/// What the leader lends the notices while it leads.
+struct Leader {
+    locks: Store<DistributedLock>,
+    written: Arc<Written>,
+    prompter: Prompter,
+}
+
+/// The valid notices, by (namespace, claim), with when each was taken and its secret.
+#[derive(Default)]
+pub struct Notices {
+    leader: Mutex<Option<Leader>>,
+    taken: Mutex<HashMap<(String, String), (Instant, String)>>,
+    /// Counts status writes, so a waiting answer looks again after each.
+    writes: watch::Sender<u64>,
+}
+
+// === impl Notices ===
+
+impl Notices {
+    /// This replica leads: take notices, judged against `locks` and `written`, and
+    /// reconcile their locks through `prompter`.
+    pub fn lead(&self, locks: Store<DistributedLock>, written: Arc<Written>, prompter: Prompter) {
+        *self.leader.lock().expect("notices lock poisoned") = Some(Leader {
+            locks,
+            written,
+            prompter,
+        });
+    }
+
+    /// This replica stopped leading: refuse notices.
+    pub fn step_down(&self) {
+        *self.leader.lock().expect("notices lock poisoned") = None;
+    }
+
+    /// Judge a notice, and if it is valid, have its lock reconciled and wait (up to
+    /// [`NOTICE_WAIT`]) for the status write that records the release.
+    pub async fn take(&self, notice: &Notice) -> Answer {
+        let lock = ObjectRef::<DistributedLock>::new(&notice.lock).within(&notice.namespace);
+        let (locks, written, prompter) = {
+            let leader = self.leader.lock().expect("notices lock poisoned");
+            let Some(l) = leader.as_ref() else {
+                return Answer::NotLeader;
+            };
+            (l.locks.clone(), l.written.clone(), l.prompter.clone())
+        };
+        let freshest = || locks.get(&lock).map(|cached| written.fresher(&cached));
+        let Some(current) = freshest() else {
+            return Answer::NotHeld;
+        };
+        let status = current.status.unwrap_or_default();
+        let Some(holder) = status.holders.iter().find(|h| h.claim == notice.claim) else {
+            return Answer::NotHeld;
+        };
+        if !notice_proves(&notice.secret, holder.release_hash.as_deref()) {
+            return Answer::Mismatch;
+        }
+        let mut writes = self.writes.subscribe();
+        self.remember(notice, Instant::now());
+        prompter.prompt(lock.clone());
+        let deadline = tokio::time::Instant::now() + NOTICE_WAIT;
+        loop {
+            let named = freshest()
+                .and_then(|l| l.status)
+                .is_some_and(|s| crate::protocol::names_claim(&s, &notice.claim));
+            if !named {
+                return Answer::Written;
+            }
+            match tokio::time::timeout_at(deadline, writes.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return Answer::Accepted,
+            }
+        }
+    }
+
+    fn remember(&self, notice: &Notice, now: Instant) {
+        let mut taken = self.taken.lock().expect("notices lock poisoned");
+        taken.retain(|_, (at, _)| now.saturating_duration_since(*at) < NOTICE_MEMORY);
+        let key = (notice.namespace.clone(), notice.claim.clone());
+        taken.insert(key, (now, notice.secret.clone()));
+    }
+
+    /// When a valid notice of claim `ns`/`claim` was taken, if one was: the claim then
+    /// counts as carrying a valid release mark.
+    pub fn noticed(&self, ns: &str, claim: &str) -> Option<Instant> {
+        let taken = self.taken.lock().expect("notices lock poisoned");
+        taken.get(&(ns.to_string(), claim.to_string())).map(|(at, _)| *at)
+    }
+
+    /// `lease` as if its client had marked it released, when it has a notice: how a
+    /// noticed claim deleted before its lock decided on it is remembered (see
+    /// [`super::sweep::Tombstones`]).
+    pub fn as_marked(&self, lease: &Lease) -> Option<Lease> {
+        let ns = lease.namespace()?;
+        let taken = self.taken.lock().expect("notices lock poisoned");
+        let (_, secret) = taken.get(&(ns, lease.name_any()))?;
+        let mut marked = lease.clone();
+        let annotations = marked.metadata.annotations.get_or_insert_default();
+        annotations.insert(RELEASED_ANNOTATION.to_string(), secret.clone());
+        Some(marked)
+    }
+
+    /// Claim `ns`/`claim` is gone: forget its notice.
+    pub fn forget(&self, ns: &str, claim: &str) {
+        let mut taken = self.taken.lock().expect("notices lock poisoned");
+        taken.remove(&(ns.to_string(), claim.to_string()));
+    }
+
+    /// A status was written: answers waiting for one look again.
+    pub fn wrote(&self) {
+        self.writes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+
+    use super::*;
+    use crate::api::{DistributedLockSpec, DistributedLockStatus, Holder};
+    use crate::protocol::release::Secret;
+
+    fn lock_held_by(claim: &str, hash: Option<String>) -> DistributedLock {
+        let mut lock = DistributedLock::new("l", DistributedLockSpec::default());
+        lock.metadata.namespace = Some("ns".into());
+        lock.metadata.resource_version = Some("1".into());
+        let holder: Holder = serde_json::from_value(serde_json::json!({
+            "claim": claim, "pod": "p", "podUID": "u", "fencingToken": 7,
+            "grantedAt": "2026-01-01T00:00:00Z", "releaseHash": hash,
+        }))
+        .unwrap();
+        lock.status = Some(DistributedLockStatus {
+            holders: vec![holder],
+            ..Default::default()
+        });
+        lock
+    }
+
+    /// Notices led with one cached lock, and the prompts they make.
+    fn leading(
+        lock: DistributedLock,
+    ) -> (
+        Notices,
+        tokio::sync::mpsc::UnboundedReceiver<ObjectRef<DistributedLock>>,
+    ) {
+        let (store, mut writer) = reflector::store::<DistributedLock>();
+        writer.apply_watcher_event(&Event::Apply(lock));
+        let (prompter, prompts) = Prompter::new();
+        let notices = Notices::default();
+        notices.lead(store, Arc::new(Written::default()), prompter);
+        (notices, prompts)
+    }
+
+    fn pod() -> crate::protocol::PodIdentity {
+        crate::protocol::PodIdentity {
+            name: "p".into(),
+            namespace: "ns".into(),
+            uid: "u".into(),
+        }
+    }
+
+    fn notice(claim: &str, secret: &str) -> Notice {
+        Notice {
+            namespace: "ns".into(),
+            lock: "l".into(),
+            claim: claim.into(),
+            secret: secret.into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_notice_that_does_not_prove_the_release_changes_nothing() {
+        let secret = Secret::generate();
+        let (notices, mut prompts) = leading(lock_held_by("c-1", Some(secret.hash())));
+        let forged = notice("c-1", Secret::generate().reveal());
+        assert_eq!(notices.take(&forged).await, Answer::Mismatch);
+        assert_eq!(notices.take(&notice("c-1", &secret.hash())).await, Answer::Mismatch);
+        assert_eq!(notices.take(&notice("c-2", secret.reveal())).await, Answer::NotHeld);
+        let mut other_lock = notice("c-1", secret.reveal());
+        other_lock.lock = "m".into();
+        assert_eq!(notices.take(&other_lock).await, Answer::NotHeld);
+        assert_eq!(notices.noticed("ns", "c-1"), None, "nothing remembered");
+        assert!(prompts.try_recv().is_err(), "no reconcile prompted");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_holder_without_a_release_hash_cannot_be_released_by_notice() {
+        let (notices, _prompts) = leading(lock_held_by("c-1", None));
+        assert_eq!(notices.take(&notice("c-1", "true")).await, Answer::Mismatch);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_valid_notice_is_remembered_prompts_its_lock_and_is_accepted_until_a_write_drops_the_claim() {
+        let secret = Secret::generate();
+        let (notices, mut prompts) = leading(lock_held_by("c-1", Some(secret.hash())));
+        assert_eq!(notices.take(&notice("c-1", secret.reveal())).await, Answer::Accepted);
+        assert!(notices.noticed("ns", "c-1").is_some());
+        assert_eq!(prompts.try_recv().unwrap(), ObjectRef::new("l").within("ns"));
+        let claim = crate::protocol::claim::claim_lease("c-1", "l", &pod(), 15);
+        let mut claim = claim;
+        claim.metadata.namespace = Some("ns".into());
+        let marked = notices.as_marked(&claim).expect("noticed");
+        let judged = crate::protocol::release::judge(&marked, Some(&secret.hash()));
+        assert_eq!(
+            judged,
+            crate::protocol::release::Mark::Valid,
+            "remembered as released by its owner"
+        );
+        notices.forget("ns", "c-1");
+        assert_eq!(notices.noticed("ns", "c-1"), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_answer_is_written_once_this_controllers_status_write_drops_the_claim() {
+        let secret = Secret::generate();
+        let cached = lock_held_by("c-1", Some(secret.hash()));
+        let (store, mut writer) = reflector::store::<DistributedLock>();
+        writer.apply_watcher_event(&Event::Apply(cached.clone()));
+        let (prompter, _prompts) = Prompter::new();
+        let written = Arc::new(Written::default());
+        let notices = Arc::new(Notices::default());
+        notices.lead(store, written.clone(), prompter);
+        let n = notices.clone();
+        let answer = tokio::spawn(async move { n.take(&notice("c-1", secret.reveal())).await });
+        tokio::task::yield_now().await;
+        let mut released = cached.clone();
+        released.metadata.resource_version = Some("2".into());
+        released.status = Some(DistributedLockStatus::default());
+        written.record(Some("1".into()), released);
+        notices.wrote();
+        assert_eq!(answer.await.unwrap(), Answer::Written);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standby_takes_no_notice() {
+        let secret = Secret::generate();
+        let (notices, _prompts) = leading(lock_held_by("c-1", Some(secret.hash())));
+        notices.step_down();
+        assert_eq!(notices.take(&notice("c-1", secret.reveal())).await, Answer::NotLeader);
+        assert_eq!(notices.noticed("ns", "c-1"), None);
+    }
+}

@@ -1,0 +1,212 @@
+//! Release notices ([`leasehold::protocol::notice`]) against the real API server: a
+//! holder's notice hands the lock on with no release mark written, a forged notice
+//! takes nothing away, and a controller that never answers costs the notice's timeout,
+//! then the mark does the handoff.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::runtime::watcher;
+use leasehold::api::DistributedLockSpec;
+use leasehold::client::Lock;
+use leasehold::controller::{Options, release_url};
+use leasehold::protocol::PodIdentity;
+use leasehold::protocol::RELEASED_ANNOTATION;
+use leasehold::protocol::timing::notice_timeout;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::support::*;
+
+fn spec(lease: i32) -> DistributedLockSpec {
+    DistributedLockSpec {
+        lease_duration_seconds: lease,
+        max_holders: 1,
+        backend: None,
+    }
+}
+
+fn lock_for(ns: &TestNs, pod: PodIdentity) -> Lock {
+    Lock::builder(ns.client.clone(), &ns.name, "l")
+        .identity(pod)
+        .build()
+        .unwrap()
+}
+
+/// A loopback port nothing listens on now.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// A controller serving HTTP (with notices) on a loopback port, publishing its URL.
+async fn controller_taking_notices(ns: &TestNs, name: &str) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let port = free_port();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let opts = Options {
+        http_addr: Some(addr),
+        release_url: Some(release_url("127.0.0.1", port)),
+        ..Options::single(name, Some(&ns.name))
+    };
+    (addr, spawn_controller_with(ns.client.clone(), opts))
+}
+
+/// One HTTP/1.1 request on a connection of its own: the status code and body.
+async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    conn.read_to_string(&mut out).await.unwrap();
+    let code = out[9..12].parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+/// Every version of claim `name` the API server shows from now until it is deleted.
+fn versions_until_deleted(
+    ns: &TestNs,
+    name: &str,
+) -> tokio::task::JoinHandle<Vec<k8s_openapi::api::coordination::v1::Lease>> {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(leases(ns), config).boxed();
+    tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while let Some(ev) = events.next().await {
+            match ev {
+                Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => seen.push(l),
+                Ok(watcher::Event::Delete(l)) => {
+                    seen.push(l);
+                    return seen;
+                }
+                _ => {}
+            }
+        }
+        seen
+    })
+}
+
+#[tokio::test]
+async fn a_holders_release_notice_hands_the_lock_on_and_its_claim_is_never_marked() {
+    let ns = TestNs::new("notice").await;
+    let (addr, _c) = controller_taking_notices(&ns, "notice").await;
+    ns.lock("l", spec(15)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let first = lock_for(&ns, a).acquire().await.unwrap();
+    let claim = first.claim().to_string();
+    let token = first.fencing_token();
+    let versions = versions_until_deleted(&ns, &claim);
+    let lock_b = lock_for(&ns, b);
+    let waiter = tokio::spawn(async move { lock_b.acquire().await });
+    ns.wait_lock("l", "b queued", |l| !queue(l).is_empty()).await;
+    let url = format!("http://{addr}");
+    let lock = ns.locks().get("l").await.unwrap();
+    assert_eq!(lock.status.unwrap().release_url.as_deref(), Some(url.as_str()));
+
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("b is granted")
+        .unwrap()
+        .unwrap();
+    assert!(second.fencing_token() > token);
+    let seen = tokio::time::timeout(Duration::from_secs(20), versions)
+        .await
+        .expect("the controller deletes the released claim")
+        .unwrap();
+    assert!(
+        seen.iter().all(|l| !l.annotations().contains_key(RELEASED_ANNOTATION)),
+        "the notice was answered as written: no release mark is written"
+    );
+    let (_, metrics) = http(addr, "GET", "/metrics", "").await;
+    assert!(
+        metrics.contains("leasehold_release_notices_total{category=\"written\"} 1"),
+        "{metrics}"
+    );
+    second.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_forged_release_notice_is_refused_and_takes_no_grant_away() {
+    let ns = TestNs::new("noticeforged").await;
+    let (addr, _c) = controller_taking_notices(&ns, "noticeforged").await;
+    ns.lock("l", spec(15)).await;
+    let guard = lock_for(&ns, ns.pod("a").await).acquire().await.unwrap();
+    let held = ns.locks().get("l").await.unwrap().status.unwrap();
+    let hash = held.holders[0]
+        .release_hash
+        .clone()
+        .expect("a hash recorded at queueing");
+    let forge = |secret: &str| {
+        serde_json::json!({"namespace": ns.name, "lock": "l", "claim": guard.claim(), "secret": secret}).to_string()
+    };
+    for secret in ["true", hash.as_str(), "0123456789abcdef"] {
+        let (code, text) = http(addr, "POST", "/v1/release", &forge(secret)).await;
+        assert_eq!(code, 403, "{secret}: {text}");
+    }
+    let (code, _) = http(addr, "POST", "/v1/release", "{\"claim\": 1}").await;
+    assert_eq!(code, 400);
+    // The controller reconciles as it would anyway: the holder keeps its grant.
+    let (_, metrics) = http(addr, "GET", "/metrics", "").await;
+    assert!(
+        metrics.contains("leasehold_release_notices_total{category=\"mismatch\"} 3"),
+        "{metrics}"
+    );
+    let lock = ns.locks().get("l").await.unwrap();
+    let st = lock.status.unwrap();
+    assert_eq!(st.holders.len(), 1);
+    assert_eq!(st.holders[0].claim, guard.claim());
+    assert!(st.holders[0].revoked.is_none(), "a forged notice revokes nothing");
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_controller_that_never_answers_a_notice_costs_its_timeout_then_the_mark_hands_on() {
+    let ns = TestNs::new("noticehole").await;
+    // The published URL accepts connections and never answers (a black hole after
+    // connect); the controller itself runs without HTTP.
+    let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = hole.local_addr().unwrap().port();
+    let _held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = hole.accept().await {
+            conns.push(c);
+        }
+    });
+    let opts = Options {
+        release_url: Some(release_url("127.0.0.1", port)),
+        ..Options::single("noticehole", Some(&ns.name))
+    };
+    let _c = spawn_controller_with(ns.client.clone(), opts);
+    let lease = 2;
+    ns.lock("l", spec(lease)).await;
+    let first = lock_for(&ns, ns.pod("a").await).acquire().await.unwrap();
+    let claim = first.claim().to_string();
+    let versions = versions_until_deleted(&ns, &claim);
+    let started = Instant::now();
+    first
+        .release()
+        .await
+        .expect("the mark is written after the notice times out");
+    let took = started.elapsed();
+    let limit = notice_timeout(Duration::from_secs(lease as u64));
+    assert!(took >= limit, "the notice was waited for ({took:?} < {limit:?})");
+    assert!(took < limit + Duration::from_secs(5), "and no longer ({took:?})");
+    ns.wait_lock("l", "the slot is free", |l| holders(l).is_empty()).await;
+    let seen = tokio::time::timeout(Duration::from_secs(20), versions)
+        .await
+        .expect("the released claim is swept")
+        .unwrap();
+    assert!(
+        seen.iter().any(|l| l.annotations().contains_key(RELEASED_ANNOTATION)),
+        "the release went through the claim's mark"
+    );
+}
