@@ -72,6 +72,15 @@ impl Answer {
     }
 }
 
+/// A lock's resourceVersion as a number (etcd's revision), 0 when it has none.
+fn version(lock: &DistributedLock) -> u64 {
+    lock.metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// What the leader lends the notices while it leads.
 struct Leader {
     locks: Store<DistributedLock>,
@@ -121,6 +130,9 @@ impl Notices {
         let Some(current) = freshest() else {
             return Answer::NotHeld;
         };
+        // Only a status newer than the one judged here can record the release: the
+        // cache may lag this controller's writes, and then show an older one again.
+        let judged = version(&current);
         let status = current.status.unwrap_or_default();
         let Some(holder) = status.holders.iter().find(|h| h.claim == notice.claim) else {
             return Answer::NotHeld;
@@ -133,10 +145,13 @@ impl Notices {
         prompter.prompt(lock.clone());
         let deadline = tokio::time::Instant::now() + NOTICE_WAIT;
         loop {
-            let named = freshest()
-                .and_then(|l| l.status)
-                .is_some_and(|s| crate::protocol::names_claim(&s, &notice.claim));
-            if !named {
+            let released = freshest().is_some_and(|l| {
+                version(&l) > judged
+                    && !l
+                        .status
+                        .is_some_and(|s| crate::protocol::names_claim(&s, &notice.claim))
+            });
+            if released {
                 return Answer::Written;
             }
             match tokio::time::timeout_at(deadline, writes.changed()).await {
@@ -146,6 +161,7 @@ impl Notices {
         }
     }
 
+    /// Remember a valid notice (forgetting any older than [`NOTICE_MEMORY`]).
     fn remember(&self, notice: &Notice, now: Instant) {
         let mut taken = self.taken.lock().expect("notices lock poisoned");
         taken.retain(|_, (at, _)| now.saturating_duration_since(*at) < NOTICE_MEMORY);
@@ -303,6 +319,39 @@ mod tests {
         written.record(Some("1".into()), released);
         notices.wrote();
         assert_eq!(answer.await.unwrap(), Answer::Written);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_older_status_shown_again_by_a_lagging_cache_records_no_release() {
+        let secret = Secret::generate();
+        // The cache still shows version 1, from before the claim was granted; this
+        // controller's own write (version 2) granted it.
+        let mut before = lock_held_by("c-0", None);
+        before.status = Some(DistributedLockStatus::default());
+        let (store, mut writer) = reflector::store::<DistributedLock>();
+        writer.apply_watcher_event(&Event::Apply(before.clone()));
+        let (prompter, _prompts) = Prompter::new();
+        let written = Arc::new(Written::default());
+        let mut granted = lock_held_by("c-1", Some(secret.hash()));
+        granted.metadata.resource_version = Some("2".into());
+        written.record(Some("1".into()), granted.clone());
+        let notices = Arc::new(Notices::default());
+        notices.lead(store, written.clone(), prompter);
+        let n = notices.clone();
+        let answer = tokio::spawn(async move { n.take(&notice("c-1", secret.reveal())).await });
+        tokio::task::yield_now().await;
+        // Another write (version 3, still naming c-1) replaces version 2, which the
+        // cache never showed: the freshest view falls back to the cache's version 1,
+        // which does not name c-1 and is older than what the notice was judged by.
+        let mut again = granted.clone();
+        again.metadata.resource_version = Some("3".into());
+        written.record(Some("2".into()), again);
+        notices.wrote();
+        assert_eq!(
+            answer.await.unwrap(),
+            Answer::Accepted,
+            "not written: the client marks its claim"
+        );
     }
 
     #[tokio::test(start_paused = true)]
