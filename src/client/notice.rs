@@ -9,7 +9,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use crate::protocol::notice::{Notice, WRITTEN, notice_uri};
+use crate::protocol::notice::{Notice, WRITTEN, WRITTEN_HEADER, WRITTEN_VALUE, notice_uri};
 use crate::protocol::timing::notice_timeout;
 
 /// Send `notice` to the controller at `release_url`; true only when it answers that the
@@ -21,8 +21,8 @@ pub(crate) async fn written(release_url: &str, notice: &Notice, lease: Duration)
     };
     let limit = notice_timeout(lease);
     match tokio::time::timeout(limit, post(uri, notice)).await {
-        Ok(Ok(code)) if code == WRITTEN => true,
-        Ok(Ok(code)) => {
+        Ok(Ok((code, true))) if code == WRITTEN => true,
+        Ok(Ok((code, _))) => {
             tracing::debug!(
                 claim = notice.claim,
                 code,
@@ -45,7 +45,8 @@ pub(crate) async fn written(release_url: &str, notice: &Notice, lease: Duration)
     }
 }
 
-async fn post(uri: http::Uri, notice: &Notice) -> Result<u16, String> {
+/// The answer's status code, and whether it carries the controller's written header.
+async fn post(uri: http::Uri, notice: &Notice) -> Result<(u16, bool), String> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let client: Client<_, kube::client::Body> = Client::builder(TokioExecutor::new()).build(connector);
@@ -55,7 +56,11 @@ async fn post(uri: http::Uri, notice: &Notice) -> Result<u16, String> {
         .body(kube::client::Body::from(body))
         .map_err(|e| e.to_string())?;
     let response = client.request(request).await.map_err(|e| e.to_string())?;
-    Ok(response.status().as_u16())
+    let ours = response
+        .headers()
+        .get(WRITTEN_HEADER)
+        .is_some_and(|v| v == WRITTEN_VALUE);
+    Ok((response.status().as_u16(), ours))
 }
 
 #[cfg(test)]
@@ -71,8 +76,9 @@ mod tests {
         }
     }
 
-    /// A one-shot HTTP server on loopback answering `code`, and what it was sent.
-    async fn answering(code: u16) -> (String, tokio::task::JoinHandle<String>) {
+    /// A one-shot HTTP server on loopback answering `code` (with the controller's
+    /// written header on a 200 when `ours`), and what it was sent.
+    async fn answering_as(code: u16, ours: bool) -> (String, tokio::task::JoinHandle<String>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -85,11 +91,16 @@ mod tests {
                 assert!(n > 0, "closed before the body");
                 got.extend_from_slice(&buf[..n]);
             }
-            let reply = format!("HTTP/1.1 {code} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            let header = if ours { "leasehold-release: written\r\n" } else { "" };
+            let reply = format!("HTTP/1.1 {code} X\r\n{header}content-length: 0\r\nconnection: close\r\n\r\n");
             conn.write_all(reply.as_bytes()).await.unwrap();
             String::from_utf8(got).unwrap()
         });
         (url, served)
+    }
+
+    async fn answering(code: u16) -> (String, tokio::task::JoinHandle<String>) {
+        answering_as(code, code == 200).await
     }
 
     #[tokio::test]
@@ -99,6 +110,11 @@ mod tests {
         let request = served.await.unwrap();
         assert!(request.starts_with("POST /v1/release HTTP/1.1"), "{request}");
         assert!(request.contains("\"claim\":\"l-1\""), "{request}");
+        let (url, _served) = answering_as(200, false).await;
+        assert!(
+            !written(&url, &notice(), Duration::from_secs(15)).await,
+            "a bare 200 (whatever answers at a stale URL) is no controller's answer"
+        );
         for code in [202, 403, 409, 503] {
             let (url, _served) = answering(code).await;
             assert!(!written(&url, &notice(), Duration::from_secs(15)).await, "{code}");

@@ -13,7 +13,7 @@ use axum::routing::{get, post};
 
 use super::metrics::{CONTENT_TYPE, Metrics};
 use super::notices::Notices;
-use crate::protocol::notice::{MAX_NOTICE_BYTES, NOTICE_PATH, Notice};
+use crate::protocol::notice::{MAX_NOTICE_BYTES, NOTICE_PATH, Notice, WRITTEN_HEADER, WRITTEN_VALUE};
 
 /// Serve the endpoints on `addr` until the task is dropped.
 pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, notices: Arc<Notices>) -> std::io::Result<()> {
@@ -30,12 +30,17 @@ fn router(metrics: Arc<Metrics>, notices: Arc<Notices>) -> Router {
             Ok(notice) => notices.take(&notice).await,
             Err(e) => {
                 m.record_notice("malformed");
-                return (StatusCode::BAD_REQUEST, format!("not a release notice: {e}\n"));
+                return (StatusCode::BAD_REQUEST, None, format!("not a release notice: {e}\n"));
             }
         };
         m.record_notice(answer.category());
         let (code, text) = answer.http();
-        (StatusCode::from_u16(code).expect("a valid code"), text.to_string())
+        let written = (answer == super::notices::Answer::Written).then_some([(WRITTEN_HEADER, WRITTEN_VALUE)]);
+        (
+            StatusCode::from_u16(code).expect("a valid code"),
+            written,
+            text.to_string(),
+        )
     });
     let notices = Router::new()
         .route(NOTICE_PATH, take)

@@ -52,7 +52,10 @@ impl Answer {
     /// The HTTP status code and body of the answer.
     pub fn http(self) -> (u16, &'static str) {
         match self {
-            Answer::Written => (WRITTEN, "written: the lock's status no longer names the claim\n"),
+            Answer::Written => (
+                WRITTEN,
+                "written: the lock's status no longer names the claim, which is deleted\n",
+            ),
             Answer::Accepted => (ACCEPTED, "accepted, not yet written: mark the claim released\n"),
             Answer::NotLeader => (503, "this replica is not the leader: mark the claim released\n"),
             Answer::NotHeld => (409, "the lock's status names no such holder\n"),
@@ -103,6 +106,7 @@ impl Notices {
     /// This replica leads: take notices, judged against `locks` and `written`, and
     /// reconcile their locks through `prompter`.
     pub fn lead(&self, locks: Store<DistributedLock>, written: Arc<Written>, prompter: Prompter) {
+        self.taken.lock().expect("notices lock poisoned").clear();
         *self.leader.lock().expect("notices lock poisoned") = Some(Leader {
             locks,
             written,
@@ -110,9 +114,11 @@ impl Notices {
         });
     }
 
-    /// This replica stopped leading: refuse notices.
+    /// This replica stopped leading: refuse notices, and forget those taken (a later
+    /// term of leadership starts from the API's state alone).
     pub fn step_down(&self) {
         *self.leader.lock().expect("notices lock poisoned") = None;
+        self.taken.lock().expect("notices lock poisoned").clear();
     }
 
     /// Judge a notice, and if it is valid, have its lock reconciled and wait (up to
@@ -126,13 +132,14 @@ impl Notices {
             };
             (l.locks.clone(), l.written.clone(), l.prompter.clone())
         };
-        let freshest = || locks.get(&lock).map(|cached| written.fresher(&cached));
+        let freshest = || locks.get(&lock).map(|cached| written.peek(&cached));
         let Some(current) = freshest() else {
             return Answer::NotHeld;
         };
         // Only a status newer than the one judged here can record the release: the
         // cache may lag this controller's writes, and then show an older one again.
         let judged = version(&current);
+        let uid = current.metadata.uid.clone();
         let status = current.status.unwrap_or_default();
         let Some(holder) = status.holders.iter().find(|h| h.claim == notice.claim) else {
             return Answer::NotHeld;
@@ -145,13 +152,17 @@ impl Notices {
         prompter.prompt(lock.clone());
         let deadline = tokio::time::Instant::now() + NOTICE_WAIT;
         loop {
+            // Written: a newer status of the same lock no longer names the claim, and
+            // the claim's deletion is seen (so no successor of this controller can take
+            // the unmarked claim for a new one).
             let released = freshest().is_some_and(|l| {
                 version(&l) > judged
+                    && l.metadata.uid == uid
                     && !l
                         .status
                         .is_some_and(|s| crate::protocol::names_claim(&s, &notice.claim))
             });
-            if released {
+            if released && self.noticed(&notice.namespace, &notice.claim).is_none() {
                 return Answer::Written;
             }
             match tokio::time::timeout_at(deadline, writes.changed()).await {
@@ -169,11 +180,22 @@ impl Notices {
         taken.insert(key, (now, notice.secret.clone()));
     }
 
-    /// When a valid notice of claim `ns`/`claim` was taken, if one was: the claim then
-    /// counts as carrying a valid release mark.
+    /// When a valid notice of claim `ns`/`claim` was taken, if one was (and is not
+    /// older than [`NOTICE_MEMORY`]).
     pub fn noticed(&self, ns: &str, claim: &str) -> Option<Instant> {
         let taken = self.taken.lock().expect("notices lock poisoned");
-        taken.get(&(ns.to_string(), claim.to_string())).map(|(at, _)| *at)
+        let (at, _) = taken.get(&(ns.to_string(), claim.to_string()))?;
+        (at.elapsed() < NOTICE_MEMORY).then_some(*at)
+    }
+
+    /// When a notice taken for claim `ns`/`claim` proves its release against
+    /// `recorded`, the hash recorded for the claim *now*: then the claim counts as
+    /// carrying a valid release mark. (Judged again at every use, so a notice never
+    /// releases another claim that comes to bear the same name.)
+    pub fn proves(&self, ns: &str, claim: &str, recorded: Option<&str>) -> Option<Instant> {
+        let taken = self.taken.lock().expect("notices lock poisoned");
+        let (at, secret) = taken.get(&(ns.to_string(), claim.to_string()))?;
+        (at.elapsed() < NOTICE_MEMORY && notice_proves(secret, recorded)).then_some(*at)
     }
 
     /// `lease` as if its client had marked it released, when it has a notice: how a
@@ -183,16 +205,22 @@ impl Notices {
         let ns = lease.namespace()?;
         let taken = self.taken.lock().expect("notices lock poisoned");
         let (_, secret) = taken.get(&(ns, lease.name_any()))?;
+        if !notice_proves(secret, crate::protocol::release::claim_hash(lease).as_deref()) {
+            return None; // another claim under the notice's claim's name
+        }
         let mut marked = lease.clone();
         let annotations = marked.metadata.annotations.get_or_insert_default();
         annotations.insert(RELEASED_ANNOTATION.to_string(), secret.clone());
         Some(marked)
     }
 
-    /// Claim `ns`/`claim` is gone: forget its notice.
+    /// Claim `ns`/`claim` is gone: forget its notice (and let an answer waiting for
+    /// the deletion look again).
     pub fn forget(&self, ns: &str, claim: &str) {
         let mut taken = self.taken.lock().expect("notices lock poisoned");
-        taken.remove(&(ns.to_string(), claim.to_string()));
+        if taken.remove(&(ns.to_string(), claim.to_string())).is_some() {
+            self.wrote();
+        }
     }
 
     /// A status was written: answers waiting for one look again.
@@ -286,16 +314,23 @@ mod tests {
         assert_eq!(notices.take(&notice("c-1", secret.reveal())).await, Answer::Accepted);
         assert!(notices.noticed("ns", "c-1").is_some());
         assert_eq!(prompts.try_recv().unwrap(), ObjectRef::new("l").within("ns"));
-        let claim = crate::protocol::claim::claim_lease("c-1", "l", &pod(), 15);
-        let mut claim = claim;
-        claim.metadata.namespace = Some("ns".into());
-        let marked = notices.as_marked(&claim).expect("noticed");
+        let claim = |s: &Secret| {
+            let mut c = crate::protocol::claim::claim_lease_with("c-1", "l", &pod(), 15, Some(s));
+            c.metadata.namespace = Some("ns".into());
+            c
+        };
+        let marked = notices.as_marked(&claim(&secret)).expect("noticed");
         let judged = crate::protocol::release::judge(&marked, Some(&secret.hash()));
         assert_eq!(
             judged,
             crate::protocol::release::Mark::Valid,
             "remembered as released by its owner"
         );
+        // Another claim under the same name (another secret) is not released by it.
+        let other = Secret::generate();
+        assert!(notices.as_marked(&claim(&other)).is_none());
+        assert!(notices.proves("ns", "c-1", Some(&other.hash())).is_none());
+        assert!(notices.proves("ns", "c-1", Some(&secret.hash())).is_some());
         notices.forget("ns", "c-1");
         assert_eq!(notices.noticed("ns", "c-1"), None);
     }
@@ -318,7 +353,37 @@ mod tests {
         released.status = Some(DistributedLockStatus::default());
         written.record(Some("1".into()), released);
         notices.wrote();
+        tokio::task::yield_now().await;
+        assert!(!answer.is_finished(), "not before the claim's deletion is seen");
+        notices.forget("ns", "c-1");
         assert_eq!(answer.await.unwrap(), Answer::Written);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_re_created_under_the_same_name_records_no_release() {
+        let secret = Secret::generate();
+        let mut cached = lock_held_by("c-1", Some(secret.hash()));
+        cached.metadata.uid = Some("uid-old".into());
+        let (store, mut writer) = reflector::store::<DistributedLock>();
+        writer.apply_watcher_event(&Event::Apply(cached.clone()));
+        let (prompter, _prompts) = Prompter::new();
+        let notices = Arc::new(Notices::default());
+        notices.lead(store, Arc::new(Written::default()), prompter);
+        let n = notices.clone();
+        let answer = tokio::spawn(async move { n.take(&notice("c-1", secret.reveal())).await });
+        tokio::task::yield_now().await;
+        // The lock is deleted and created again: newer, holding nothing, another UID.
+        let mut again = DistributedLock::new("l", DistributedLockSpec::default());
+        again.metadata.namespace = Some("ns".into());
+        again.metadata.resource_version = Some("9".into());
+        again.metadata.uid = Some("uid-new".into());
+        writer.apply_watcher_event(&Event::Apply(again));
+        notices.forget("ns", "c-1");
+        assert_eq!(
+            answer.await.unwrap(),
+            Answer::Accepted,
+            "not written: the client marks its claim"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -358,7 +423,14 @@ mod tests {
     async fn a_standby_takes_no_notice() {
         let secret = Secret::generate();
         let (notices, _prompts) = leading(lock_held_by("c-1", Some(secret.hash())));
+        assert_eq!(notices.take(&notice("c-1", secret.reveal())).await, Answer::Accepted);
+        assert!(notices.noticed("ns", "c-1").is_some());
         notices.step_down();
+        assert_eq!(
+            notices.noticed("ns", "c-1"),
+            None,
+            "a new term starts from the API alone"
+        );
         assert_eq!(notices.take(&notice("c-1", secret.reveal())).await, Answer::NotLeader);
         assert_eq!(notices.noticed("ns", "c-1"), None);
     }

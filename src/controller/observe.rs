@@ -105,7 +105,9 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
             }
             now >= expires
         };
-        let noticed = ctx.notices.noticed(&ns, &name_of);
+        let noticed = ctx
+            .notices
+            .proves(&ns, &name_of, recorded_hash(lease_obj, &status).as_deref());
         let view = claim_view(lease_obj, (pod, uid), expired, noticed.is_some(), &status, &tracker);
         if view.forged {
             let note = "the claim's release mark does not match its release hash: written by someone \
@@ -216,6 +218,19 @@ pub fn claims_of(ctx: &Context, lock: &DistributedLock) -> Vec<Arc<Lease>> {
         .collect()
 }
 
+/// The release hash a claim's release is judged against: the one recorded in `status`
+/// when it was queued (its own, if not queued yet).
+pub fn recorded_hash(lease: &Lease, status: &DistributedLockStatus) -> Option<String> {
+    let name = lease.name_any();
+    let holder = status.holders.iter().find(|h| h.claim == name);
+    let waiter = status.queue.iter().find(|w| w.claim == name);
+    match (holder, waiter) {
+        (Some(h), _) => h.release_hash.clone(),
+        (None, Some(w)) => w.release_hash.clone(),
+        (None, None) => release::claim_hash(lease),
+    }
+}
+
 /// One claim turned into the decide core's view. Its release mark is judged against
 /// the hash recorded in `status` when it was queued (its own, if not queued yet). A
 /// claim with no mark but a valid release notice (`noticed`, checked against that same
@@ -229,13 +244,7 @@ pub fn claim_view(
     tracker: &Tracker,
 ) -> ClaimView {
     let name = lease.name_any();
-    let holder = status.holders.iter().find(|h| h.claim == name);
-    let waiter = status.queue.iter().find(|w| w.claim == name);
-    let recorded = match (holder, waiter) {
-        (Some(h), _) => h.release_hash.clone(),
-        (None, Some(w)) => w.release_hash.clone(),
-        (None, None) => release::claim_hash(lease),
-    };
+    let recorded = recorded_hash(lease, status);
     let mark = match release::judge(lease, recorded.as_deref()) {
         Mark::None if noticed => Mark::Valid,
         mark => mark,

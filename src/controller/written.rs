@@ -64,6 +64,17 @@ impl Written {
         }
     }
 
+    /// [`Written::fresher`] without dropping a record the cache has moved past: for
+    /// readers that must not change what the reconciles see (release notices, which
+    /// anyone may send).
+    pub fn peek(&self, cached: &DistributedLock) -> DistributedLock {
+        let map = self.statuses.lock().expect("written lock poisoned");
+        match map.get(&key(cached)) {
+            Some((replaced, written)) if cached.metadata.resource_version.as_ref() == Some(replaced) => written.clone(),
+            _ => cached.clone(),
+        }
+    }
+
     /// Remember that `written` replaced the version `replaced` of its lock.
     pub fn record(&self, replaced: Option<String>, written: DistributedLock) {
         let mut map = self.statuses.lock().expect("written lock poisoned");

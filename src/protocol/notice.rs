@@ -19,9 +19,10 @@
 //! holder's claim revokes it (its slot held back); a notice anyone can send must not
 //! take a grant away, so a mismatch is only refused.
 //!
-//! **What the answer means.** [`WRITTEN`] (200): the controller has written a status
-//! that no longer names the claim, so the release is recorded where grants are, and the
-//! client writes nothing more (the controller deletes the claim). Anything else (a
+//! **What the answer means.** [`WRITTEN`] (200, with [`WRITTEN_HEADER`]): the controller
+//! has written a newer status of the same lock that no longer names the claim, so the
+//! release is recorded where grants are, and it has seen the claim deleted, so no later
+//! controller can take the unmarked claim for a new one; the client writes nothing more. Anything else (a
 //! refusal, [`ACCEPTED`] when the status was not written within
 //! [`super::timing::NOTICE_WAIT`], a
 //! timeout, no route to the controller) and the client writes the release mark as
@@ -35,6 +36,11 @@ pub const NOTICE_PATH: &str = "/v1/release";
 pub const MAX_NOTICE_BYTES: usize = 4 * 1024;
 /// Status code: the release is written in the lock's status.
 pub const WRITTEN: u16 = 200;
+/// The response header (value [`WRITTEN_VALUE`]) that says a 200 comes from a
+/// controller that wrote the release, not from whatever else answers at a stale URL.
+pub const WRITTEN_HEADER: &str = "leasehold-release";
+/// The value of [`WRITTEN_HEADER`] on a [`WRITTEN`] answer.
+pub const WRITTEN_VALUE: &str = "written";
 /// Status code: the notice was valid, but the status was not written in time.
 pub const ACCEPTED: u16 = 202;
 
