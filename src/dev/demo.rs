@@ -22,11 +22,15 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Run the demo against the control plane at `kubeconfig`.
 pub async fn run(client: Client, kubeconfig: &Path) -> anyhow::Result<()> {
-    let controller = tokio::spawn(crate::controller::run(
-        client.clone(),
-        crate::controller::Options::single("demo", Some(DEMO_NAMESPACE)),
-        std::future::pending(),
-    ));
+    // The controller takes release notices on a loopback port, as a deployed one does
+    // on its pod IP: each release hands over without a release mark.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let opts = crate::controller::Options {
+        http_addr: Some(([127, 0, 0, 1], port).into()),
+        release_url: Some(crate::controller::release_url("127.0.0.1", port)),
+        ..crate::controller::Options::single("demo", Some(DEMO_NAMESPACE))
+    };
+    let controller = tokio::spawn(crate::controller::run(client.clone(), opts, std::future::pending()));
     create_ignoring_conflict(
         &Api::<Namespace>::all(client.clone()),
         serde_json::json!({"metadata": {"name": DEMO_NAMESPACE}}),
