@@ -16,6 +16,9 @@
 //! * `sigkill`: the holder's `leasehold run` SIGKILLed → the next CMD starts (the claim
 //!   expires: lease 2 s).
 //!
+//! It also prints the API writes per grant (the API server's own counters, claim
+//! creation left out) of the `run` path and of the `controller` path.
+//!
 //! ```sh
 //! cargo bench --bench handoff                       # release build, 200 rounds
 //! cargo test --bench handoff -- --bench --rounds 40 # quicker, debug build
@@ -94,8 +97,13 @@ async fn measure(args: &Args, kubeconfig: &Path, etcd: &str) -> anyhow::Result<(
     let (n, k) = (args.rounds, args.contenders);
     let mut all = Vec::new();
     // The two processes-level paths first and back to back, so they share conditions.
+    let mut run_writes = None;
     if want("run") {
+        let before = stats::api_writes(&client).await?;
         let s = procs::leasehold_run(leasehold, &client, kubeconfig, k, n, None).await?;
+        // Let the last grants' follow-up writes (deletions, sweeps, events) land.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        run_writes = Some((before, stats::api_writes(&client).await?, n + 1));
         all.push(Series::new("run", "leasehold run: CMD exits -> next CMD starts", s));
     }
     if want("etcd-run") {
@@ -184,9 +192,17 @@ async fn measure(args: &Args, kubeconfig: &Path, etcd: &str) -> anyhow::Result<(
     println!();
     all.iter().for_each(Series::print);
     stats::print_ratios(&all, "etcdctl");
+    println!();
+    if let Some((before, after, grants)) = run_writes {
+        let path = if args.notices {
+            "leasehold run path (release notices)"
+        } else {
+            "leasehold run path (release marks)"
+        };
+        stats::print_writes_per_grant(path, &before, &after, grants);
+    }
     if let Some((before, after)) = writes {
-        println!();
-        stats::print_writes_per_grant(&before, &after, n);
+        stats::print_writes_per_grant("controller path (release marks)", &before, &after, n);
     }
     stats::write_csv(&all, &args.csv)?;
     println!("\nsamples: {}", args.csv.display());

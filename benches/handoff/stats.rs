@@ -135,10 +135,11 @@ pub fn writes_per_grant(
 
 /// Print the writes between two readings per grant, leaving out the claims' creation.
 pub fn print_writes_per_grant(
+    path: &str,
     before: &std::collections::BTreeMap<(String, String), f64>,
     after: &std::collections::BTreeMap<(String, String), f64>,
     grants: usize,
 ) {
     let (total, parts) = writes_per_grant(before, after, grants);
-    println!("controller path: {total:.2} API writes per grant (claim creation excluded): {parts}");
+    println!("{path}: {total:.2} API writes per grant (claim creation excluded): {parts}");
 }
