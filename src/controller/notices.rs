@@ -254,19 +254,38 @@ mod tests {
         lock
     }
 
-    /// Notices led with one cached lock, and the prompts they make.
-    fn leading(
-        lock: DistributedLock,
-    ) -> (
-        Notices,
-        tokio::sync::mpsc::UnboundedReceiver<ObjectRef<DistributedLock>>,
-    ) {
-        let (store, mut writer) = reflector::store::<DistributedLock>();
-        writer.apply_watcher_event(&Event::Apply(lock));
+    /// Notices a leader lent its caches to: with the lock cache's writer, this
+    /// controller's record of its writes, and the prompts the notices make.
+    struct Led {
+        notices: Arc<Notices>,
+        cache: reflector::store::Writer<DistributedLock>,
+        written: Arc<Written>,
+        prompts: tokio::sync::mpsc::UnboundedReceiver<ObjectRef<DistributedLock>>,
+    }
+
+    /// Notices led with `lock` cached.
+    fn leading(lock: DistributedLock) -> Led {
+        let (store, mut cache) = reflector::store::<DistributedLock>();
+        cache.apply_watcher_event(&Event::Apply(lock));
         let (prompter, prompts) = Prompter::new();
-        let notices = Notices::default();
-        notices.lead(store, Arc::new(Written::default()), prompter);
-        (notices, prompts)
+        let (notices, written) = (Arc::new(Notices::default()), Arc::new(Written::default()));
+        notices.lead(store, written.clone(), prompter);
+        Led {
+            notices,
+            cache,
+            written,
+            prompts,
+        }
+    }
+
+    impl Led {
+        /// Take `notice` in a task of its own, which has begun waiting when this returns.
+        async fn answer(&self, notice: Notice) -> tokio::task::JoinHandle<Answer> {
+            let n = self.notices.clone();
+            let answer = tokio::spawn(async move { n.take(&notice).await });
+            tokio::task::yield_now().await;
+            answer
+        }
     }
 
     fn pod() -> crate::protocol::PodIdentity {
@@ -289,7 +308,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_notice_that_does_not_prove_the_release_changes_nothing() {
         let secret = Secret::generate();
-        let (notices, mut prompts) = leading(lock_held_by("c-1", Some(secret.hash())));
+        let Led {
+            notices, mut prompts, ..
+        } = leading(lock_held_by("c-1", Some(secret.hash())));
         let forged = notice("c-1", Secret::generate().reveal());
         assert_eq!(notices.take(&forged).await, Answer::Mismatch);
         assert_eq!(notices.take(&notice("c-1", &secret.hash())).await, Answer::Mismatch);
@@ -303,14 +324,16 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_holder_without_a_release_hash_cannot_be_released_by_notice() {
-        let (notices, _prompts) = leading(lock_held_by("c-1", None));
+        let notices = leading(lock_held_by("c-1", None)).notices;
         assert_eq!(notices.take(&notice("c-1", "true")).await, Answer::Mismatch);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_valid_notice_is_remembered_prompts_its_lock_and_is_accepted_until_a_write_drops_the_claim() {
         let secret = Secret::generate();
-        let (notices, mut prompts) = leading(lock_held_by("c-1", Some(secret.hash())));
+        let Led {
+            notices, mut prompts, ..
+        } = leading(lock_held_by("c-1", Some(secret.hash())));
         assert_eq!(notices.take(&notice("c-1", secret.reveal())).await, Answer::Accepted);
         assert!(notices.noticed("ns", "c-1").is_some());
         assert_eq!(prompts.try_recv().unwrap(), ObjectRef::new("l").within("ns"));
@@ -339,15 +362,9 @@ mod tests {
     async fn the_answer_is_written_once_this_controllers_status_write_drops_the_claim() {
         let secret = Secret::generate();
         let cached = lock_held_by("c-1", Some(secret.hash()));
-        let (store, mut writer) = reflector::store::<DistributedLock>();
-        writer.apply_watcher_event(&Event::Apply(cached.clone()));
-        let (prompter, _prompts) = Prompter::new();
-        let written = Arc::new(Written::default());
-        let notices = Arc::new(Notices::default());
-        notices.lead(store, written.clone(), prompter);
-        let n = notices.clone();
-        let answer = tokio::spawn(async move { n.take(&notice("c-1", secret.reveal())).await });
-        tokio::task::yield_now().await;
+        let led = leading(cached.clone());
+        let answer = led.answer(notice("c-1", secret.reveal())).await;
+        let (notices, written) = (&led.notices, &led.written);
         let mut released = cached.clone();
         released.metadata.resource_version = Some("2".into());
         released.status = Some(DistributedLockStatus::default());
@@ -364,21 +381,15 @@ mod tests {
         let secret = Secret::generate();
         let mut cached = lock_held_by("c-1", Some(secret.hash()));
         cached.metadata.uid = Some("uid-old".into());
-        let (store, mut writer) = reflector::store::<DistributedLock>();
-        writer.apply_watcher_event(&Event::Apply(cached.clone()));
-        let (prompter, _prompts) = Prompter::new();
-        let notices = Arc::new(Notices::default());
-        notices.lead(store, Arc::new(Written::default()), prompter);
-        let n = notices.clone();
-        let answer = tokio::spawn(async move { n.take(&notice("c-1", secret.reveal())).await });
-        tokio::task::yield_now().await;
+        let mut led = leading(cached);
+        let answer = led.answer(notice("c-1", secret.reveal())).await;
         // The lock is deleted and created again: newer, holding nothing, another UID.
         let mut again = DistributedLock::new("l", DistributedLockSpec::default());
         again.metadata.namespace = Some("ns".into());
         again.metadata.resource_version = Some("9".into());
         again.metadata.uid = Some("uid-new".into());
-        writer.apply_watcher_event(&Event::Apply(again));
-        notices.forget("ns", "c-1");
+        led.cache.apply_watcher_event(&Event::Apply(again));
+        led.notices.forget("ns", "c-1");
         assert_eq!(
             answer.await.unwrap(),
             Answer::Accepted,
@@ -393,25 +404,18 @@ mod tests {
         // controller's own write (version 2) granted it.
         let mut before = lock_held_by("c-0", None);
         before.status = Some(DistributedLockStatus::default());
-        let (store, mut writer) = reflector::store::<DistributedLock>();
-        writer.apply_watcher_event(&Event::Apply(before.clone()));
-        let (prompter, _prompts) = Prompter::new();
-        let written = Arc::new(Written::default());
+        let led = leading(before);
         let mut granted = lock_held_by("c-1", Some(secret.hash()));
         granted.metadata.resource_version = Some("2".into());
-        written.record(Some("1".into()), granted.clone());
-        let notices = Arc::new(Notices::default());
-        notices.lead(store, written.clone(), prompter);
-        let n = notices.clone();
-        let answer = tokio::spawn(async move { n.take(&notice("c-1", secret.reveal())).await });
-        tokio::task::yield_now().await;
+        led.written.record(Some("1".into()), granted.clone());
+        let answer = led.answer(notice("c-1", secret.reveal())).await;
         // Another write (version 3, still naming c-1) replaces version 2, which the
         // cache never showed: the freshest view falls back to the cache's version 1,
         // which does not name c-1 and is older than what the notice was judged by.
         let mut again = granted.clone();
         again.metadata.resource_version = Some("3".into());
-        written.record(Some("2".into()), again);
-        notices.wrote();
+        led.written.record(Some("2".into()), again);
+        led.notices.wrote();
         assert_eq!(
             answer.await.unwrap(),
             Answer::Accepted,
@@ -422,7 +426,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_standby_takes_no_notice() {
         let secret = Secret::generate();
-        let (notices, _prompts) = leading(lock_held_by("c-1", Some(secret.hash())));
+        let notices = leading(lock_held_by("c-1", Some(secret.hash()))).notices;
         assert_eq!(notices.take(&notice("c-1", secret.reveal())).await, Answer::Accepted);
         assert!(notices.noticed("ns", "c-1").is_some());
         notices.step_down();
