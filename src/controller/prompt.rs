@@ -1,5 +1,6 @@
 //! Reconciling a lock at once on news that can free one of its slots: a claim marked
-//! released, a claim deleted while its lock's status names it, a pod deleted.
+//! released, a release notice ([`super::notices`]), a claim deleted while its lock's
+//! status names it, a pod deleted.
 //!
 //! kube-runtime's scheduler runs a triggered reconcile when its delay queue next ticks:
 //! it counts in whole milliseconds, rounded up, so a trigger waits 1.6 ms (median, the
@@ -10,6 +11,8 @@
 //! Reconciles of one lock take turns ([`Turns`]), whichever path started them. Prompts
 //! run only while fewer than [`MAX_PROMPTS`] are running: under load the scheduler's
 //! tick is lost in the queueing, and the API server's write throughput is the limit.
+//! A prompt that finds them all busy goes to the scheduler instead, never nowhere: a
+//! release notice has no API event behind it that would trigger the lock otherwise.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -60,18 +63,38 @@ impl Prompter {
         let _ = self.0.send(lock); // the controller is stopping
     }
 
-    /// Run the prompted reconciles of the locks `store` holds, until the senders go.
+    /// Run the prompted reconciles of the locks `store` holds, until the senders go;
+    /// prompts beyond [`MAX_PROMPTS`] at once go to `scheduled`, the scheduler's triggers.
     pub async fn serve(
-        mut prompts: mpsc::UnboundedReceiver<ObjectRef<DistributedLock>>,
+        prompts: mpsc::UnboundedReceiver<ObjectRef<DistributedLock>>,
         store: Store<DistributedLock>,
         ctx: Arc<Context>,
+        scheduled: mpsc::UnboundedSender<ObjectRef<DistributedLock>>,
     ) {
-        let free = Arc::new(Semaphore::new(MAX_PROMPTS));
-        while let Some(lock) = prompts.recv().await {
-            let (Some(obj), Ok(permit)) = (store.get(&lock), free.clone().try_acquire_owned()) else {
-                continue; // not cached (the scheduled reconcile waits for it too), or busy
-            };
-            tokio::spawn(prompted(obj, ctx.clone(), permit));
+        route(prompts, store, scheduled, move |lock, permit| {
+            tokio::spawn(prompted(lock, ctx.clone(), permit));
+        })
+        .await
+    }
+}
+
+/// Route each prompt of a cached lock: to `run` with a permit while one of
+/// [`MAX_PROMPTS`] is free, else to `scheduled`. (A lock not cached is left to the
+/// scheduled reconcile, which waits for it too.)
+async fn route(
+    mut prompts: mpsc::UnboundedReceiver<ObjectRef<DistributedLock>>,
+    store: Store<DistributedLock>,
+    scheduled: mpsc::UnboundedSender<ObjectRef<DistributedLock>>,
+    run: impl Fn(Arc<DistributedLock>, OwnedSemaphorePermit),
+) {
+    let free = Arc::new(Semaphore::new(MAX_PROMPTS));
+    while let Some(lock) = prompts.recv().await {
+        let Some(obj) = store.get(&lock) else { continue };
+        match free.clone().try_acquire_owned() {
+            Ok(permit) => run(obj, permit),
+            Err(_) => {
+                let _ = scheduled.send(lock); // the controller is stopping
+            }
         }
     }
 }
@@ -85,7 +108,52 @@ async fn prompted(lock: Arc<DistributedLock>, ctx: Arc<Context>, _permit: OwnedS
 
 #[cfg(test)]
 mod tests {
+    use kube::ResourceExt;
+
     use super::*;
+
+    #[tokio::test]
+    async fn a_prompt_that_finds_every_slot_busy_goes_to_the_scheduler() {
+        use kube::runtime::reflector;
+        let lock = |name: &str| {
+            let mut l = DistributedLock::new(name, crate::api::DistributedLockSpec::default());
+            l.metadata.namespace = Some("ns".into());
+            l
+        };
+        let (store, mut cache) = reflector::store::<DistributedLock>();
+        for i in 0..=MAX_PROMPTS {
+            cache.apply_watcher_event(&kube::runtime::watcher::Event::Apply(lock(&format!("l{i}"))));
+        }
+        let (prompter, prompts) = Prompter::new();
+        let (scheduled_tx, mut scheduled) = mpsc::unbounded_channel();
+        // Every prompted reconcile runs on: its permit is kept.
+        let running = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let held = running.clone();
+        let router = tokio::spawn(route(prompts, store, scheduled_tx, move |l, permit| {
+            held.lock().unwrap().push((l.name_any(), permit));
+        }));
+        for i in 0..=MAX_PROMPTS {
+            prompter.prompt(ObjectRef::new(&format!("l{i}")).within("ns"));
+        }
+        prompter.prompt(ObjectRef::new("not-cached").within("ns"));
+        drop(prompter);
+        router.await.unwrap();
+        assert_eq!(
+            running.lock().unwrap().len(),
+            MAX_PROMPTS,
+            "as many run at once as there are slots"
+        );
+        let overflow = ObjectRef::new(&format!("l{MAX_PROMPTS}")).within("ns");
+        assert_eq!(
+            scheduled.try_recv().unwrap(),
+            overflow,
+            "the one beyond goes to the scheduler"
+        );
+        assert!(
+            scheduled.try_recv().is_err(),
+            "a lock not cached is the scheduler's already"
+        );
+    }
 
     #[test]
     fn one_lock_always_has_the_same_turn_and_others_mostly_another() {

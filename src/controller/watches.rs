@@ -44,6 +44,8 @@ pub(super) async fn run_leader(
     let (lock_store, lock_writer) = reflector::store::<DistributedLock>();
     let m = metrics.clone();
     let (etcd_trigger, etcd_triggers) = tokio::sync::mpsc::unbounded_channel();
+    // The scheduler's own triggers: etcd mirrors' changes, and prompts beyond the limit.
+    let scheduled = etcd_trigger.clone();
     let mirrors = Arc::new(super::etcd::Mirrors::new(client.clone(), etcd_trigger));
     let mirrored = mirrors.clone();
     let written = Arc::new(super::written::Written::default());
@@ -146,7 +148,12 @@ pub(super) async fn run_leader(
         release_url: opts.release_url.clone(),
     });
     notices.lead(lock_store.clone(), ctx.written.clone(), prompter.clone());
-    tokio::spawn(super::prompt::Prompter::serve(prompts, lock_store.clone(), ctx.clone()));
+    tokio::spawn(super::prompt::Prompter::serve(
+        prompts,
+        lock_store.clone(),
+        ctx.clone(),
+        scheduled,
+    ));
     let (ls, ctx2, ctx3) = (lock_store.clone(), ctx.clone(), ctx.clone());
     let by_pod = claims.clone();
     let pod_locks = move |pod: Pod| locks_of_pod(&pod, &ls, &by_pod);
