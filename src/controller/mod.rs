@@ -129,7 +129,7 @@ pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = (
                 _ = shutdown => Ok(()),
             }
         }
-        Some(ns) => run_elected(client.clone(), &opts, ns, (metrics.clone(), notices.clone()), shutdown).await,
+        Some(ns) => run_elected(client.clone(), &opts, ns, metrics.clone(), notices.clone(), shutdown).await,
     };
     if let Some(h) = http {
         h.abort();
@@ -156,7 +156,8 @@ async fn run_elected(
     client: Client,
     opts: &Options,
     ns: &str,
-    (metrics, notices): (Arc<Metrics>, Arc<notices::Notices>),
+    metrics: Arc<Metrics>,
+    notices: Arc<notices::Notices>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ControllerError> {
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), LEADER_LEASE)

@@ -105,10 +105,9 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
             }
             now >= expires
         };
-        let noticed = ctx
-            .notices
-            .proves(&ns, &name_of, recorded_hash(lease_obj, &status).as_deref());
-        let view = claim_view(lease_obj, (pod, uid), expired, noticed.is_some(), &status, &tracker);
+        let recorded = recorded_hash(lease_obj, &status);
+        let noticed = ctx.notices.proves(&ns, &name_of, recorded.as_deref());
+        let view = claim_view(lease_obj, (pod, uid), expired, noticed.is_some(), recorded, &tracker);
         if view.forged {
             let note = "the claim's release mark does not match its release hash: written by someone \
                         other than its process; a holder is revoked with its slot held back, a waiter is dropped";
@@ -232,19 +231,18 @@ pub fn recorded_hash(lease: &Lease, status: &DistributedLockStatus) -> Option<St
 }
 
 /// One claim turned into the decide core's view. Its release mark is judged against
-/// the hash recorded in `status` when it was queued (its own, if not queued yet). A
-/// claim with no mark but a valid release notice (`noticed`, checked against that same
-/// hash when taken, see [`super::notices`]) counts as validly marked.
+/// `recorded`, its [`recorded_hash`]. A claim with no mark but a valid release notice
+/// (`noticed`, proved against that same hash, see [`super::notices`]) counts as validly
+/// marked.
 pub fn claim_view(
     lease: &Lease,
     (pod, pod_uid): (String, String),
     expired: bool,
     noticed: bool,
-    status: &DistributedLockStatus,
+    recorded: Option<String>,
     tracker: &Tracker,
 ) -> ClaimView {
     let name = lease.name_any();
-    let recorded = recorded_hash(lease, status);
     let mark = match release::judge(lease, recorded.as_deref()) {
         Mark::None if noticed => Mark::Valid,
         mark => mark,

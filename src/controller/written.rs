@@ -47,6 +47,13 @@ fn key(lock: &DistributedLock) -> (String, String) {
     (lock.namespace().unwrap_or_default(), lock.name_any())
 }
 
+/// The write `record` holds, if it was made over the version `cached` shows.
+fn over<'a>(record: Option<&'a (String, DistributedLock)>, cached: &DistributedLock) -> Option<&'a DistributedLock> {
+    record
+        .filter(|(replaced, _)| cached.metadata.resource_version.as_ref() == Some(replaced))
+        .map(|(_, written)| written)
+}
+
 impl Written {
     /// The freshest known state of `cached`: this controller's write over it, if the
     /// cache still shows the version that write replaced; otherwise `cached` itself
@@ -54,14 +61,11 @@ impl Written {
     pub fn fresher(&self, cached: &DistributedLock) -> DistributedLock {
         let mut map = self.statuses.lock().expect("written lock poisoned");
         let k = key(cached);
-        match map.get(&k) {
-            Some((replaced, written)) if cached.metadata.resource_version.as_ref() == Some(replaced) => written.clone(),
-            Some(_) => {
-                map.remove(&k);
-                cached.clone()
-            }
-            None => cached.clone(),
+        if let Some(written) = over(map.get(&k), cached) {
+            return written.clone();
         }
+        map.remove(&k);
+        cached.clone()
     }
 
     /// [`Written::fresher`] without dropping a record the cache has moved past: for
@@ -69,10 +73,7 @@ impl Written {
     /// anyone may send).
     pub fn peek(&self, cached: &DistributedLock) -> DistributedLock {
         let map = self.statuses.lock().expect("written lock poisoned");
-        match map.get(&key(cached)) {
-            Some((replaced, written)) if cached.metadata.resource_version.as_ref() == Some(replaced) => written.clone(),
-            _ => cached.clone(),
-        }
+        over(map.get(&key(cached)), cached).unwrap_or(cached).clone()
     }
 
     /// Remember that `written` replaced the version `replaced` of its lock.
