@@ -28,11 +28,6 @@ struct Etcd {
     tls: Option<PathBuf>,
 }
 
-fn free_port() -> u16 {
-    let sock = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-    sock.local_addr().unwrap().port()
-}
-
 impl Etcd {
     fn new() -> Self {
         Self::start(None)

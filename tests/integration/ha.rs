@@ -44,14 +44,6 @@ async fn get(port: u16, path: &str) -> Option<(String, String)> {
     Some((head.to_string(), body.to_string()))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test]
 async fn a_standby_replica_takes_over_when_the_leader_stops_and_metrics_are_served() {
     let ns = TestNs::new("ha").await;

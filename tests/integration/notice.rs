@@ -34,12 +34,6 @@ fn lock_for(ns: &TestNs, pod: PodIdentity) -> Lock {
         .unwrap()
 }
 
-/// A loopback port nothing listens on now.
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
 /// A controller serving HTTP (with notices) on a loopback port, publishing its URL.
 async fn controller_taking_notices(ns: &TestNs, name: &str) -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let port = free_port();

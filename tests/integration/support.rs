@@ -165,6 +165,12 @@ impl TestNs {
     }
 }
 
+/// A loopback port nothing listens on now.
+pub fn free_port() -> u16 {
+    let sock = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    sock.local_addr().unwrap().port()
+}
+
 /// Run a controller in this process (no leader election, no HTTP) watching only the
 /// test's namespace, until aborted.
 pub fn spawn_controller(ns: &TestNs, identity: &str) -> tokio::task::JoinHandle<()> {
