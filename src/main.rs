@@ -11,9 +11,8 @@ fn main() -> ExitCode {
         return code;
     }
     leasehold::telemetry::init(cli.default_log_filter());
-    let result = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+    let result = cli
+        .runtime()
         .map_err(anyhow::Error::from)
         .and_then(|runtime| runtime.block_on(leasehold::cli::run(cli)));
     result.unwrap_or_else(|e| {

@@ -86,6 +86,19 @@ impl Cli {
             _ => crate::telemetry::DEFAULT_FILTER,
         }
     }
+
+    /// The tokio runtime the command runs on. A claimant (`run`, `status`) waits on one
+    /// watch and one process: one thread serves it, so each of the lock's status events
+    /// (every waiter sees every one) costs no wake-up of a second thread (measured: 0.27
+    /// → 0.18 ms of CPU per event, the herd's share of a handoff). The controller and
+    /// the dev control plane serve many locks at once and take every core.
+    pub fn runtime(&self) -> std::io::Result<tokio::runtime::Runtime> {
+        let mut builder = match &self.command {
+            Command::Run(_) | Command::Status(_) => tokio::runtime::Builder::new_current_thread(),
+            _ => tokio::runtime::Builder::new_multi_thread(),
+        };
+        builder.enable_all().build()
+    }
 }
 
 /// Whether the command must run before a tokio runtime exists (it `exec`s).

@@ -25,7 +25,7 @@ use tokio::process::Child;
 pub use harness::spawn_for_process;
 pub use provision::{BIN_ENV, binaries};
 pub use workdir::sweep_stale_dirs;
-use workdir::{free_ports, kubeconfig_yaml, new_dir, write};
+use workdir::{free_ports, issuers_pem, kubeconfig_yaml, new_dir, write};
 
 /// How long the API server may take to report ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -112,7 +112,8 @@ impl ControlPlane {
         Ok(cp)
     }
 
-    /// The kubeconfig for the admin user (token auth, loopback, self-signed cert).
+    /// The kubeconfig for the admin user (token auth, loopback; trusting the CA of the
+    /// API server's self-made certificate once it is ready).
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
     }
@@ -134,13 +135,31 @@ impl ControlPlane {
             .map_err(DevError::Client)
     }
 
+    /// Once kube-apiserver has made its serving certificate (it has when it is ready),
+    /// rewrite the kubeconfig to trust the CA it signed it with instead of any
+    /// certificate: clients then verify the server, and each client process skips
+    /// loading the system's trust store (half the CPU of a short `leasehold status`).
+    fn trust_serving_ca(&self, certs: &Path, api_port: u16, token: &str) -> Result<(), DevError> {
+        let chain = certs.join("apiserver.crt");
+        let text = std::fs::read_to_string(&chain).map_err(|e| prep(&chain, e))?;
+        let Some(ca) = issuers_pem(&text) else {
+            tracing::warn!(chain = %chain.display(), "no CA in kube-apiserver's certificate chain; the kubeconfig trusts any certificate");
+            return Ok(());
+        };
+        let ca_path = certs.join("ca.crt");
+        write(&ca_path, &ca)?;
+        let tmp = self.kubeconfig.with_extension("new");
+        write(&tmp, &kubeconfig_yaml(api_port, token, Some(&ca_path)))?;
+        std::fs::rename(&tmp, &self.kubeconfig).map_err(|e| prep(&self.kubeconfig, e))
+    }
+
     async fn launch(&mut self, bin: &Path, leasehold: &Path, controllers: &str) -> Result<(), DevError> {
         let started = Instant::now();
         let d = self.dir.clone();
         let token = format!("{:032x}", rand::random::<u128>());
         let [etcd_port, peer_port, api_port] = free_ports();
         write(&d.join("tokens.csv"), &format!("{token},admin,admin,system:masters\n"))?;
-        write(&self.kubeconfig, &kubeconfig_yaml(api_port, &token))?;
+        write(&self.kubeconfig, &kubeconfig_yaml(api_port, &token, None))?;
         let sa_key = d.join("sa.key");
         let status = std::process::Command::new("openssl")
             .args(["genrsa", "-out"])
@@ -229,6 +248,7 @@ impl ControlPlane {
             .await
             .map_err(DevError::Client)?;
         self.wait_ready(&client).await?;
+        self.trust_serving_ca(&certs, api_port, &token)?;
         let kcm = bin.join("kube-controller-manager");
         if kcm.exists() {
             let kubeconfig = self.kubeconfig.clone();

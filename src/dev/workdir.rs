@@ -55,11 +55,30 @@ pub(super) fn write(path: &Path, text: &str) -> Result<(), DevError> {
     std::fs::write(path, text).map_err(|e| prep(path, e))
 }
 
-/// The admin kubeconfig of a control plane on loopback `port` with bearer `token`.
-pub(super) fn kubeconfig_yaml(port: u16, token: &str) -> String {
+/// The admin kubeconfig of a control plane on loopback `port` with bearer `token`,
+/// trusting the CA certificate at `ca`, or (before the API server has made its
+/// certificate) any certificate.
+pub(super) fn kubeconfig_yaml(port: u16, token: &str, ca: Option<&Path>) -> String {
+    let trust = match ca {
+        Some(ca) => format!("certificate-authority: {}", ca.display()),
+        None => "insecure-skip-tls-verify: true".to_owned(),
+    };
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: leasehold-dev\n  cluster:\n    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: leasehold-dev\n  context:\n    cluster: leasehold-dev\n    user: admin\n    namespace: default\ncurrent-context: leasehold-dev\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: leasehold-dev\n  cluster:\n    server: https://127.0.0.1:{port}\n    {trust}\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: leasehold-dev\n  context:\n    cluster: leasehold-dev\n    user: admin\n    namespace: default\ncurrent-context: leasehold-dev\n"
     )
+}
+
+/// The issuing certificates of a PEM chain (every certificate after the first): the CA
+/// kube-apiserver signed its self-made serving certificate with. `None` when the chain
+/// has no issuer in it.
+pub(super) fn issuers_pem(chain: &str) -> Option<String> {
+    const END: &str = "-----END CERTIFICATE-----";
+    let blocks: Vec<&str> = chain
+        .split_inclusive(END)
+        .map(str::trim)
+        .filter(|b| b.starts_with("-----BEGIN CERTIFICATE-----") && b.ends_with(END))
+        .collect();
+    (blocks.len() > 1).then(|| blocks[1..].join("\n") + "\n")
 }
 
 /// Three distinct free loopback ports (bound together, then released).
@@ -69,4 +88,38 @@ pub(super) fn free_ports() -> [u16; 3] {
         .collect();
     let port = |i: usize| socks[i].local_addr().expect("bound socket has an address").port();
     [port(0), port(1), port(2)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CERT: &str = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----";
+
+    #[test]
+    fn the_issuers_are_every_certificate_after_the_serving_one() {
+        let ca = CERT.replace("AAAA", "CCCC");
+        let chain = format!("{CERT}\n{ca}\n");
+        assert_eq!(issuers_pem(&chain).as_deref(), Some(format!("{ca}\n").as_str()));
+        assert_eq!(issuers_pem(CERT), None, "a lone certificate names no issuer");
+        assert_eq!(issuers_pem(""), None);
+    }
+
+    #[test]
+    fn the_kubeconfig_trusts_the_ca_once_there_is_one() {
+        let with_ca = kubeconfig_yaml(6443, "t", Some(Path::new("/d/certs/ca.crt")));
+        let parsed = kube::config::Kubeconfig::from_yaml(&with_ca).expect("valid kubeconfig");
+        let cluster = parsed.clusters[0].cluster.as_ref().expect("a cluster");
+        assert_eq!(cluster.certificate_authority.as_deref(), Some("/d/certs/ca.crt"));
+        assert_eq!(cluster.insecure_skip_tls_verify, None);
+        let before = kube::config::Kubeconfig::from_yaml(&kubeconfig_yaml(6443, "t", None)).expect("valid kubeconfig");
+        assert_eq!(
+            before.clusters[0]
+                .cluster
+                .as_ref()
+                .expect("a cluster")
+                .insecure_skip_tls_verify,
+            Some(true)
+        );
+    }
 }

@@ -83,3 +83,38 @@ async fn sigkill_of_the_launcher_kills_children_and_the_next_start_sweeps_its_di
     leasehold::dev::sweep_stale_dirs();
     assert!(!dir.exists(), "the sweep removes the dead launcher's dir");
 }
+
+/// The kubeconfig `leasehold dev` hands out verifies the API server: it names the CA
+/// of kube-apiserver's certificate, and a client trusting another certificate fails.
+#[tokio::test]
+async fn the_dev_kubeconfig_verifies_the_api_servers_certificate() {
+    let path = crate::support::kubeconfig();
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).unwrap();
+    let cluster = kubeconfig.clusters[0].cluster.clone().unwrap();
+    assert_eq!(cluster.insecure_skip_tls_verify, None, "{}", path.display());
+    let ca = std::path::PathBuf::from(cluster.certificate_authority.expect("a CA file"));
+    crate::support::client()
+        .await
+        .apiserver_version()
+        .await
+        .expect("the CA verifies the server");
+
+    // Trusting only the serving certificate itself (not its issuer) must fail.
+    let chain = std::fs::read_to_string(ca.with_file_name("apiserver.crt")).unwrap();
+    let end = "-----END CERTIFICATE-----";
+    let leaf = &chain[..chain.find(end).unwrap() + end.len()];
+    let wrong = std::env::temp_dir().join(format!("leasehold-wrong-ca-{}.crt", std::process::id()));
+    std::fs::write(&wrong, format!("{leaf}\n")).unwrap();
+    let mut other = kubeconfig.clone();
+    other.clusters[0].cluster.as_mut().unwrap().certificate_authority = Some(wrong.display().to_string());
+    let config = kube::Config::from_custom_kubeconfig(other, &Default::default())
+        .await
+        .unwrap();
+    let client = leasehold::kubeconfig::client_from(config).unwrap();
+    let err = client
+        .apiserver_version()
+        .await
+        .expect_err("an untrusted server must be refused");
+    let _ = std::fs::remove_file(&wrong);
+    assert!(format!("{err:?}").contains("UnknownIssuer"), "{err:?}");
+}
