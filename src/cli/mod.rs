@@ -72,6 +72,10 @@ pub enum Command {
         /// then an empty line) has been read from this inherited descriptor.
         #[arg(long, requires = "supervise")]
         start_fd: Option<i32>,
+        /// With --supervise: once the command's whole process tree is dead, write
+        /// `exited CODE` to this inherited descriptor (before exiting with CODE).
+        #[arg(long, requires = "supervise")]
+        report_fd: Option<i32>,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<OsString>,
@@ -108,8 +112,9 @@ pub fn run_sync(cli: &Cli) -> Option<ExitCode> {
             supervise: true,
             command,
             start_fd,
+            report_fd,
             ..
-        } => Some(match crate::supervise::supervise(command, *start_fd) {
+        } => Some(match crate::supervise::supervise(command, *start_fd, *report_fd) {
             Ok(Some(code)) => ExitCode::from(code),
             Ok(None) => ExitCode::from(crate::supervise::EXIT_NOT_STARTED),
             Err(e) => {

@@ -87,7 +87,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // the tree in time) is re-parented to us, and killed before the release.
     nix::sys::prctl::set_child_subreaper(true)?;
     let mut child = cmd.spawn()?;
-    drop(cmd); // closes our copy of the supervisor's end of the start pipe
+    drop(cmd); // closes our copies of the supervisor's ends of its pipes
     let acquired = match (args.try_only, args.timeout) {
         (true, _) => lock.try_acquire().await,
         (false, Some(t)) => lock.acquire_timeout(t).await.map(Some),
@@ -122,18 +122,25 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         eprintln!("leasehold: the grant was lost before the command started");
         return Ok(ExitCode::from(EXIT_LOST));
     }
-    if let Err(e) = pending.start(&[("LEASEHOLD_FENCING_TOKEN", &token.to_string())]) {
-        // The supervisor is gone (killed): CMD never ran, so the grant can be released.
-        eprintln!("leasehold: starting the command failed: {e}");
-        let _ = child.wait().await;
-        guard.release().await?;
-        return Ok(ExitCode::from(crate::cli::EXIT_OWN_ERROR));
-    }
+    let mut started = match pending.start(&[("LEASEHOLD_FENCING_TOKEN", &token.to_string())]) {
+        Ok(started) => started,
+        Err(e) => {
+            // The supervisor is gone (killed): CMD never ran, so the grant can be released.
+            eprintln!("leasehold: starting the command failed: {e}");
+            let _ = child.wait().await;
+            guard.release().await?;
+            return Ok(ExitCode::from(crate::cli::EXIT_OWN_ERROR));
+        }
+    };
     let pid = Pid::from_raw(child.id().expect("a just-spawned child has a pid") as i32);
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
-    let status = loop {
+    let ended = loop {
         tokio::select! {
-            status = child.wait() => break status?,
+            code = started.exited(), if started.reporting() => match code {
+                Some(code) => break Ended::Reported(code),
+                None => continue, // the supervisor ended unreported: its exit tells
+            },
+            status = child.wait() => break Ended::Exited(status?),
             _ = term.recv() => { let _ = kill(pid, FORWARD_TERM_SIGNAL); }
             _ = int.recv() => { let _ = kill(pid, Signal::SIGINT); }
             _ = guard.lost() => {
@@ -156,13 +163,43 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             }
         }
     };
-    if !outlived_by_nothing() {
-        guard.abandon();
-    } else if let Err(e) = guard.release_retrying(RELEASE_TRIES).await {
+    let code = match ended {
+        // The supervisor saw CMD's whole tree dead (it is a subreaper: nothing of CMD's
+        // can be anywhere but below it) and is only exiting now: release at once, and
+        // reap it after.
+        Ended::Reported(code) => {
+            release(guard).await;
+            if tokio::time::timeout(KILL_TIMEOUT, child.wait()).await.is_err() {
+                let _ = child.kill().await;
+            }
+            code
+        }
+        Ended::Exited(status) => {
+            if outlived_by_nothing() {
+                release(guard).await;
+            } else {
+                guard.abandon();
+            }
+            crate::supervise::exit_status(status)
+        }
+    };
+    Ok(ExitCode::from(code))
+}
+
+/// How CMD's end became known.
+enum Ended {
+    /// The supervisor reported CMD's exit code with its whole tree dead.
+    Reported(u8),
+    /// The supervisor exited (with CMD's status, or killed) without a report.
+    Exited(std::process::ExitStatus),
+}
+
+/// Give the grant back after CMD's work is done.
+async fn release(guard: crate::client::Guard) {
+    if let Err(e) = guard.release_retrying(RELEASE_TRIES).await {
         // CMD's work is done: its status is ours. The claim expires within a lease.
         eprintln!("leasehold: {e}; the claim will expire instead");
     }
-    Ok(exit_code(status))
 }
 
 /// The line printed while waiting, on each [`WaitEvent`].
@@ -194,9 +231,4 @@ fn outlived_by_nothing() -> bool {
         eprintln!("leasehold: processes of the command did not die; not releasing: the claim will expire");
     }
     clean
-}
-
-/// CMD's exit status as ours: its code, or 128 + the signal that ended it.
-fn exit_code(status: std::process::ExitStatus) -> ExitCode {
-    ExitCode::from(crate::supervise::exit_status(status))
 }

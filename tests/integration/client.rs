@@ -168,19 +168,64 @@ async fn a_pending_supervisor_starts_cmd_with_the_sent_environment_or_never() {
         cmd.args(["-c", script]).stdout(Stdio::piped());
         (cmd.spawn().unwrap(), pending)
     };
-    let (child, pending) = spawn("echo token=$TOKEN; [ -e /proc/$$/fd/3 ] && echo fd3-open || echo fd3-closed");
-    pending.start(&[("TOKEN", "42")]).unwrap();
+    let (child, pending) = spawn(
+        "echo token=$TOKEN; for fd in 3 4; do [ -e /proc/$$/fd/$fd ] && echo fd$fd-open || echo fd$fd-closed; done; exit 7",
+    );
+    let mut started = pending.start(&[("TOKEN", "42")]).unwrap();
+    assert_eq!(
+        started.exited().await,
+        Some(7),
+        "the supervisor reports CMD's exit code"
+    );
     let out = child.wait_with_output().await.unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success());
-    // CMD got the token, and not the start pipe (passed to the supervisor as fd 3).
-    assert_eq!(text, "token=42\nfd3-closed\n");
+    assert_eq!(out.status.code(), Some(7));
+    // CMD got the token, and neither the start nor the report pipe (the supervisor's
+    // fds 3 and 4).
+    assert_eq!(text, "token=42\nfd3-closed\nfd4-closed\n");
     // Never started: the supervisor exits 125 without running CMD.
     let (child, pending) = spawn("echo ran");
     drop(pending);
     let out = child.wait_with_output().await.unwrap();
     assert_eq!(out.status.code(), Some(125));
     assert!(out.stdout.is_empty(), "CMD ran though never started");
+}
+
+/// The supervisor reports CMD's end only once nothing of CMD's tree is left: here a
+/// background job CMD left running when it exited.
+#[tokio::test]
+async fn the_supervisor_reports_cmds_end_only_with_its_whole_tree_dead() {
+    let dir = scratch("report");
+    let exe = PathBuf::from(LEASEHOLD);
+    let (mut cmd, pending) = leasehold::supervise::pending_command(&exe, "sh").unwrap();
+    let job = dir.join("job.pid");
+    cmd.args(["-c", &format!("sleep 600 & echo $! > {}; exit 0", job.display())]);
+    let mut supervisor = cmd.spawn().unwrap();
+    drop(cmd);
+    let mut started = pending.start(&[]).unwrap();
+    assert_eq!(started.exited().await, Some(0));
+    let job: i32 = std::fs::read_to_string(&job).unwrap().trim().parse().unwrap();
+    let state = std::fs::read_to_string(format!("/proc/{job}/stat")).unwrap_or_default();
+    let state = state.rsplit(')').next().unwrap_or("").trim_start().chars().next();
+    assert!(
+        matches!(state, None | Some('Z' | 'X')),
+        "CMD's background job still runs ({state:?}) when its end is reported"
+    );
+    assert!(supervisor.wait().await.unwrap().success());
+    // A supervisor killed before it could report: no report, at once, from then on.
+    // (CMD, `cat` on the supervisor's stdin, ends when the test closes that.)
+    let (mut cmd, pending) = leasehold::supervise::pending_command(&exe, "cat").unwrap();
+    cmd.stdin(Stdio::piped()).stdout(Stdio::null());
+    let mut supervisor = cmd.spawn().unwrap();
+    drop(cmd);
+    let stdin = supervisor.stdin.take();
+    let mut started = pending.start(&[]).unwrap();
+    supervisor.start_kill().unwrap();
+    assert_eq!(started.exited().await, None);
+    assert!(!started.reporting());
+    assert_eq!(started.exited().await, None);
+    supervisor.wait().await.unwrap();
+    drop(stdin);
 }
 
 #[tokio::test]
