@@ -86,6 +86,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // Anything of CMD's that outlives its supervisor (killed itself, or unable to kill
     // the tree in time) is re-parented to us, and killed before the release.
     nix::sys::prctl::set_child_subreaper(true)?;
+    // Not dumpable: CMD (same user) cannot reach our end of the supervisor's report
+    // pipe through /proc, nor read our memory.
+    nix::sys::prctl::set_dumpable(false)?;
     let mut child = cmd.spawn()?;
     drop(cmd); // closes our copies of the supervisor's ends of its pipes
     let acquired = match (args.try_only, args.timeout) {
@@ -172,6 +175,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             if tokio::time::timeout(KILL_TIMEOUT, child.wait()).await.is_err() {
                 let _ = child.kill().await;
             }
+            // Off the handoff: should anything of CMD's have been re-parented to us
+            // after all (a report it forged as root), it dies with us, not after.
+            outlived_by_nothing();
             code
         }
         Ended::Exited(status) => {

@@ -97,6 +97,10 @@ pub fn supervise(argv: &[OsString], start_fd: Option<i32>, report_fd: Option<i32
         return Err(std::io::Error::other("guard: parent already gone"));
     }
     nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::other)?;
+    // Not dumpable: CMD (same user, no CAP_SYS_PTRACE) cannot open our descriptors
+    // through /proc/$PPID/fd and write a report of its own end. CMD's exec makes CMD
+    // itself dumpable again.
+    nix::sys::prctl::set_dumpable(false).map_err(std::io::Error::other)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
         let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
@@ -191,7 +195,8 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// Start CMD with these extra environment variables.
+    /// Start CMD with these extra environment variables. An error means CMD was not
+    /// started.
     pub fn start(mut self, env: &[(&str, &str)]) -> std::io::Result<Started> {
         use std::io::Write;
         let mut msg = String::new();
@@ -202,8 +207,9 @@ impl Pending {
             msg.push_str(&format!("{k}={v}\n"));
         }
         msg.push('\n');
-        self.start.write_all(msg.as_bytes())?;
+        // Before the start message: once that is written, CMD runs.
         let report = tokio::net::unix::pipe::Receiver::from_owned_fd(self.report.into())?;
+        self.start.write_all(msg.as_bytes())?;
         Ok(Started {
             report: Some(tokio::io::BufReader::new(report)),
         })

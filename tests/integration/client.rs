@@ -228,6 +228,45 @@ async fn the_supervisor_reports_cmds_end_only_with_its_whole_tree_dead() {
     drop(stdin);
 }
 
+/// CMD cannot forge the supervisor's report: a CMD with its supervisor's user and
+/// capabilities but no CAP_SYS_PTRACE (root here, with that one dropped from both) that
+/// writes `exited 9` to every descriptor of its supervisor's it can open through
+/// /proc/$PPID/fd reaches none, and the supervisor reports CMD's own code once its
+/// background job is dead.
+#[tokio::test]
+async fn cmd_cannot_forge_its_supervisors_report() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("forge");
+    // The supervisor (and so CMD) without CAP_SYS_PTRACE.
+    let exe = dir.join("leasehold-without-ptrace");
+    std::fs::write(
+        &exe,
+        format!("#!/bin/sh\nexec setpriv --bounding-set -sys_ptrace {LEASEHOLD} \"$@\"\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let job = dir.join("job.pid");
+    let script = format!(
+        "sleep 600 & echo $! > {}; for f in /proc/$PPID/fd/*; do case ${{f##*/}} in 0|1|2) ;; *) echo 'exited 9' > $f ;; esac; done 2>/dev/null; exit 0",
+        job.display()
+    );
+    let (mut cmd, pending) = leasehold::supervise::pending_command(&exe, "sh").unwrap();
+    cmd.args(["-c", &script]).stdout(Stdio::null());
+    let mut supervisor = cmd.spawn().unwrap();
+    drop(cmd);
+    let mut started = pending.start(&[]).unwrap();
+    assert_eq!(
+        started.exited().await,
+        Some(0),
+        "a report CMD wrote was taken for the supervisor's"
+    );
+    let job: i32 = std::fs::read_to_string(&job).unwrap().trim().parse().unwrap();
+    let state = std::fs::read_to_string(format!("/proc/{job}/stat")).unwrap_or_default();
+    let state = state.rsplit(')').next().unwrap_or("").trim_start().chars().next();
+    assert!(matches!(state, None | Some('Z' | 'X')), "CMD's job runs ({state:?})");
+    assert!(supervisor.wait().await.unwrap().success());
+}
+
 #[tokio::test]
 async fn sigkill_of_a_waiting_run_leaves_neither_supervisor_nor_cmd() {
     let ns = TestNs::new("waitkill").await;
