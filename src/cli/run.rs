@@ -167,9 +167,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let code = match ended {
-        // The supervisor saw CMD's whole tree dead (it is a subreaper: nothing of CMD's
-        // can be anywhere but below it) and is only exiting now: release at once, and
-        // reap it after.
+        // The supervisor saw CMD end with nothing of its tree left (it is a subreaper:
+        // nothing of CMD's can be anywhere but below it) and is only exiting now:
+        // release at once, and reap it after.
         Ended::Reported(code) => {
             release(guard).await;
             if tokio::time::timeout(KILL_TIMEOUT, child.wait()).await.is_err() {
@@ -194,7 +194,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 /// How CMD's end became known.
 enum Ended {
-    /// The supervisor reported CMD's exit code with its whole tree dead.
+    /// The supervisor reported CMD's exit code: CMD left nothing of its tree behind.
     Reported(u8),
     /// The supervisor exited (with CMD's status, or killed) without a report.
     Exited(std::process::ExitStatus),

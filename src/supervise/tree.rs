@@ -74,13 +74,19 @@ fn descendants_in(procs: &[Proc], root: i32) -> Vec<Proc> {
     out
 }
 
+/// Whether this process has no child at all, and so (a child subreaper) no descendant:
+/// an orphaned one would have been re-parented to it. Reaps one zombie child if any.
+pub fn childless() -> bool {
+    waitpid(None, Some(WaitPidFlag::WNOHANG)) == Err(Errno::ECHILD)
+}
+
 /// SIGKILL every descendant of this process until none is left alive, reaping the
 /// zombies re-parented to us — except `spare`, a child someone else waits for (it is
 /// killed, not reaped). Returns whether everything died within [`KILL_TIMEOUT`].
 pub fn kill_descendants(spare: Option<Pid>) -> bool {
     // The common case costs no /proc walk: with no child at all there is no descendant
     // either (an orphaned one would have been re-parented to us, the subreaper).
-    if spare.is_none() && waitpid(None, Some(WaitPidFlag::WNOHANG)) == Err(Errno::ECHILD) {
+    if spare.is_none() && childless() {
         return true;
     }
     kill_descendants_of(std::process::id() as i32, spare)

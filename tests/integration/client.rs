@@ -191,10 +191,11 @@ async fn a_pending_supervisor_starts_cmd_with_the_sent_environment_or_never() {
     assert!(out.stdout.is_empty(), "CMD ran though never started");
 }
 
-/// The supervisor reports CMD's end only once nothing of CMD's tree is left: here a
-/// background job CMD left running when it exited.
+/// The supervisor reports CMD's end only when CMD left nothing of its tree behind (no
+/// /proc walk needed to know): a background job CMD left running is killed, and the
+/// supervisor's exit, not a report, tells its parent.
 #[tokio::test]
-async fn the_supervisor_reports_cmds_end_only_with_its_whole_tree_dead() {
+async fn the_supervisor_reports_cmds_end_only_when_it_left_nothing_behind() {
     let dir = scratch("report");
     let exe = PathBuf::from(LEASEHOLD);
     let (mut cmd, pending) = leasehold::supervise::pending_command(&exe, "sh").unwrap();
@@ -203,15 +204,15 @@ async fn the_supervisor_reports_cmds_end_only_with_its_whole_tree_dead() {
     let mut supervisor = cmd.spawn().unwrap();
     drop(cmd);
     let mut started = pending.start(&[]).unwrap();
-    assert_eq!(started.exited().await, Some(0));
+    assert_eq!(started.exited().await, None, "a report though CMD left a job behind");
+    assert!(supervisor.wait().await.unwrap().success());
     let job: i32 = std::fs::read_to_string(&job).unwrap().trim().parse().unwrap();
     let state = std::fs::read_to_string(format!("/proc/{job}/stat")).unwrap_or_default();
     let state = state.rsplit(')').next().unwrap_or("").trim_start().chars().next();
     assert!(
         matches!(state, None | Some('Z' | 'X')),
-        "CMD's background job still runs ({state:?}) when its end is reported"
+        "CMD's background job still runs ({state:?}) after its supervisor exited"
     );
-    assert!(supervisor.wait().await.unwrap().success());
     // A supervisor killed before it could report: no report, at once, from then on.
     // (CMD, `cat` on the supervisor's stdin, ends when the test closes that.)
     let (mut cmd, pending) = leasehold::supervise::pending_command(&exe, "cat").unwrap();
@@ -231,8 +232,8 @@ async fn the_supervisor_reports_cmds_end_only_with_its_whole_tree_dead() {
 /// CMD cannot forge the supervisor's report: a CMD with its supervisor's user and
 /// capabilities but no CAP_SYS_PTRACE (root here, with that one dropped from both) that
 /// writes `exited 9` to every descriptor of its supervisor's it can open through
-/// /proc/$PPID/fd reaches none, and the supervisor reports CMD's own code once its
-/// background job is dead.
+/// /proc/$PPID/fd reaches none (having left a job behind, CMD gets no report from the
+/// supervisor either).
 #[tokio::test]
 async fn cmd_cannot_forge_its_supervisors_report() {
     use std::os::unix::fs::PermissionsExt;
@@ -255,16 +256,17 @@ async fn cmd_cannot_forge_its_supervisors_report() {
     let mut supervisor = cmd.spawn().unwrap();
     drop(cmd);
     let mut started = pending.start(&[]).unwrap();
+    // CMD left a job behind, so the supervisor itself reports nothing.
     assert_eq!(
         started.exited().await,
-        Some(0),
+        None,
         "a report CMD wrote was taken for the supervisor's"
     );
+    assert!(supervisor.wait().await.unwrap().success());
     let job: i32 = std::fs::read_to_string(&job).unwrap().trim().parse().unwrap();
     let state = std::fs::read_to_string(format!("/proc/{job}/stat")).unwrap_or_default();
     let state = state.rsplit(')').next().unwrap_or("").trim_start().chars().next();
     assert!(matches!(state, None | Some('Z' | 'X')), "CMD's job runs ({state:?})");
-    assert!(supervisor.wait().await.unwrap().success());
 }
 
 #[tokio::test]
