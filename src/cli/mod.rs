@@ -72,7 +72,7 @@ pub enum Command {
         /// then an empty line) has been read from this inherited descriptor.
         #[arg(long, requires = "supervise")]
         start_fd: Option<i32>,
-        /// With --supervise: once the command's whole process tree is dead, write
+        /// With --supervise: when the command ended leaving no process behind, write
         /// `exited CODE` to this inherited descriptor (before exiting with CODE).
         #[arg(long, requires = "supervise")]
         report_fd: Option<i32>,

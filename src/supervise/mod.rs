@@ -229,9 +229,9 @@ pub struct Started {
 }
 
 impl Started {
-    /// CMD's exit code, once the supervisor has seen CMD's whole process tree dead.
-    /// `None` (at once, from then on) when the supervisor ended without reporting (it
-    /// was killed, or could not kill the tree): then only its exit tells.
+    /// CMD's exit code, when CMD ended leaving no process behind. `None` (at once, from
+    /// then on) when the supervisor ended without reporting (CMD left processes it had
+    /// to kill, or it was killed): then only its exit tells.
     pub async fn exited(&mut self) -> Option<u8> {
         use tokio::io::AsyncBufReadExt;
         let reader = self.report.as_mut()?;
