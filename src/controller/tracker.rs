@@ -99,11 +99,14 @@ impl Tracker {
         }
     }
 
-    /// Whether `fresh` (read just now) shows a renewal of `claim` this tracker has not seen.
+    /// Whether `fresh` (read just now) shows a renewal of `claim` (the claim as the plan
+    /// that judged it expired saw it) that the plan or this tracker has not seen. Both
+    /// count: the watch may show the renewal between the plan and the read, and then the
+    /// tracker alone would take the read for nothing new.
     pub fn renewed_since(&self, claim: &Lease, fresh: &Lease) -> bool {
         let key = (claim.namespace().unwrap_or_default(), claim.name_any());
         let renewed = renew_time(fresh);
-        self.claims.get(&key).is_none_or(|s| s.renew_time != renewed)
+        renew_time(claim) != renewed || self.claims.get(&key).is_none_or(|s| s.renew_time != renewed)
     }
 
     /// Forget a deleted claim, and the warnings said about it. A revoked holder's
@@ -320,6 +323,19 @@ mod tests {
         assert_eq!(t.changed_at(&stamped), t0);
         assert!(!t.renewed_since(&claim("a", "1"), &stamped));
         assert!(t.renewed_since(&claim("a", "1"), &claim("a", "3")));
+    }
+
+    /// A plan judged claim a expired from its renewal 1; before the fresh read, the
+    /// watch (back from an outage) shows renewal 3. The read's 3 is still a renewal the
+    /// plan did not see: expiring the claim would revoke a live holder.
+    #[test]
+    fn a_renewal_the_watch_shows_between_the_plan_and_the_read_counts() {
+        let mut t = Tracker::default();
+        let t0 = Instant::now();
+        t.observe(&claim("a", "1"), t0);
+        let planned = claim("a", "1");
+        t.observe(&claim("a", "3"), t0 + Duration::from_secs(20));
+        assert!(t.renewed_since(&planned, &claim("a", "3")));
     }
 
     #[test]
