@@ -174,7 +174,25 @@ pub struct DistributedLockStatus {
     #[serde(default)]
     pub queue_length: i32,
 
-    /// The last fencing token issued. It never decreases and no token is issued twice.
+    /// The waiter that takes the next slot to free, with the fencing token reserved for
+    /// it: set while every slot is occupied and someone waits, and always the head of
+    /// `queue`. When a holder releases, the controller may tell this waiter directly
+    /// that the slot is its own (a grant signed with `grantKey`) before it writes the
+    /// status that lists it as a holder. So a successor is fenced like a holder: the
+    /// next freed slot goes to it alone, and it leaves this place only by that grant,
+    /// by withdrawing, or once its process has certainly stopped; one whose pod is gone
+    /// without that certainty keeps a slot held back like a revoked holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub successor: Option<Successor>,
+
+    /// The public half of the Ed25519 key with which the controller that last wrote
+    /// this status signs direct grants to the successor (hex). A waiter trusts a direct
+    /// grant only when it verifies against this key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant_key: Option<String>,
+
+    /// The last fencing token issued or reserved for the successor. It never decreases
+    /// and no token is issued twice.
     #[serde(default)]
     pub fencing_token: i64,
 
@@ -277,6 +295,17 @@ impl RevokeReason {
             Self::ForceReleased => "ForceReleased",
         }
     }
+}
+
+/// The waiter designated to take the next slot to free.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Successor {
+    /// Name of the designated claim Lease (the head of the queue).
+    pub claim: String,
+    /// The fencing token reserved for its grant. Counted in `fencingToken`; if the
+    /// successor leaves without the grant, its token is never issued.
+    pub fencing_token: i64,
 }
 
 /// One claim waiting for the lock.

@@ -21,6 +21,14 @@
 //! * `status.queue` is the durable FIFO order; claims not yet in it are appended by
 //!   their arrival key. While fewer than `maxHolders` slots are occupied, the head of
 //!   the queue is granted with the next fencing token.
+//! * While every slot is occupied, the head of the queue is the designated **successor**
+//!   (`status.successor`), with the next fencing token reserved for it. The next slot
+//!   to free goes to it, with that token, before anyone else. Because a controller may
+//!   tell it of that grant directly, before any status write, a successor is fenced
+//!   like a holder: it leaves its place only by its grant, by withdrawing, or when its
+//!   process has certainly stopped (expired, or its pod stopped); one that may run on
+//!   (forced release, forged mark, pod gone without the kubelet's word) becomes a
+//!   revoked holder with its slot held back. Its token is then never issued.
 //! * Tokens are an epoch (taken once, from the caller's clock, when the lock is first
 //!   decided) plus a count, so a lock re-created under the same name never issues a
 //!   token an older incarnation issued.
@@ -30,7 +38,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::api::{DistributedLockStatus, Holder, Revocation, RevokeReason, Waiter};
+use crate::api::{DistributedLockStatus, Holder, Revocation, RevokeReason, Successor, Waiter};
 pub use model::*;
 
 mod model;
@@ -107,12 +115,17 @@ pub fn decide(world: &World<'_>) -> Decision {
     };
     d.status.fencing_token_epoch = Some(epoch);
     let mut holders = decide_holders(world, &claims, &mut known, &mut d);
+    let (successor, held_back) = decide_successor(world, &claims, &mut known, &mut d);
     let (queue, stale) = decide_queue(world, &claims, epoch, &mut known, &mut d);
+    holders.extend(held_back);
     holders.extend(stale);
     let issued = world.status.holders.iter().chain(&holders).map(|h| h.fencing_token);
-    d.status.fencing_token = issued.fold(world.status.fencing_token.max(epoch), i64::max);
+    let reserved = world.status.successor.iter().map(|s| s.fencing_token);
+    d.status.fencing_token = issued
+        .chain(reserved)
+        .fold(world.status.fencing_token.max(epoch), i64::max);
     d.status.holders = holders;
-    d.status.queue = queue;
+    d.status.queue = successor.into_iter().chain(queue).collect();
     grant(world, &mut d);
     d.status.queue_length = i32::try_from(d.status.queue.len()).unwrap_or(i32::MAX);
     d
@@ -147,24 +160,18 @@ fn decide_holders<'w>(
             }
             continue;
         }
-        let claim = claims.get(h.claim.as_str());
-        if let Some(c) = claim.filter(|c| c.released) {
-            d.actions.push(act(ActionKind::Released(token)));
-            d.delete_claims.push(c.name.clone());
-            continue;
-        }
-        let expired = claim.is_some_and(|c| c.expired);
-        let forged = claim.is_some_and(|c| c.forged);
-        let (reason, held_back) = match live {
-            Liveness::Stopped(r) => (r, false),
-            // The claim expired: its process stopped itself before we could judge so.
-            Liveness::Unknown(r) => (r, !expired),
-            Liveness::Alive if claim.is_none() || (forged && !expired) => (RevokeReason::ForceReleased, true),
-            Liveness::Alive if expired => (RevokeReason::Expired, false),
-            Liveness::Alive => {
+        let claim = claims.get(h.claim.as_str()).copied();
+        let (reason, held_back) = match judge_grant(claim, live) {
+            Judgement::Keep => {
                 kept.push(h.clone());
                 continue;
             }
+            Judgement::Released => {
+                d.actions.push(act(ActionKind::Released(token)));
+                d.delete_claims.push(h.claim.clone());
+                continue;
+            }
+            Judgement::Revoke(reason, held_back) => (reason, held_back),
         };
         d.actions.push(act(ActionKind::Revoked(token, reason)));
         if held_back {
@@ -179,6 +186,97 @@ fn decide_holders<'w>(
         }
     }
     kept
+}
+
+/// How a grant (or a successor, who may have been told of its grant already) stands.
+enum Judgement {
+    /// It stands.
+    Keep,
+    /// Its process released it with a valid mark: it has stopped.
+    Released,
+    /// It is taken away for this reason; with `true`, its process may still run, so its
+    /// slot is held back.
+    Revoke(RevokeReason, bool),
+}
+
+/// Judge a grant by its claim (absent: deleted) and its pod.
+fn judge_grant(claim: Option<&ClaimView>, live: Liveness) -> Judgement {
+    if claim.is_some_and(|c| c.released) {
+        return Judgement::Released;
+    }
+    let expired = claim.is_some_and(|c| c.expired);
+    let forged = claim.is_some_and(|c| c.forged);
+    match live {
+        Liveness::Stopped(r) => Judgement::Revoke(r, false),
+        // The claim expired: its process stopped itself before we could judge so.
+        Liveness::Unknown(r) => Judgement::Revoke(r, !expired),
+        Liveness::Alive if claim.is_none() || (forged && !expired) => {
+            Judgement::Revoke(RevokeReason::ForceReleased, true)
+        }
+        Liveness::Alive if expired => Judgement::Revoke(RevokeReason::Expired, false),
+        Liveness::Alive => Judgement::Keep,
+    }
+}
+
+/// Carry the designated successor forward: it stays at the head of the queue, leaves it
+/// (withdrawn, or certainly stopped), or, when it may have been told of its grant and
+/// may still run, becomes a revoked holder whose slot is held back.
+fn decide_successor<'w>(
+    world: &World<'w>,
+    claims: &BTreeMap<&str, &ClaimView>,
+    known: &mut BTreeSet<&'w str>,
+    d: &mut Decision,
+) -> (Option<Waiter>, Option<Holder>) {
+    let Some(s) = world.status.successor.as_ref() else {
+        return (None, None);
+    };
+    let Some(w) = world.status.queue.iter().find(|w| w.claim == s.claim) else {
+        return (None, None); // names no waiter (a hand-edited status): no designation
+    };
+    if !known.insert(w.claim.as_str()) {
+        return (None, None);
+    }
+    let claim = claims.get(w.claim.as_str()).copied();
+    let (reason, held_back) = match judge_grant(claim, liveness(world, &w.pod, &w.pod_uid)) {
+        Judgement::Keep => return (Some(w.clone()), None),
+        Judgement::Released => {
+            d.delete_claims.push(w.claim.clone());
+            let dropped = ActionKind::Dropped(DropReason::Withdrawn);
+            d.actions.push(Action::new(&w.claim, &w.pod, dropped));
+            return (None, None);
+        }
+        Judgement::Revoke(reason, held_back) => (reason, held_back),
+    };
+    if claim.is_some() {
+        d.delete_claims.push(w.claim.clone());
+    }
+    if !held_back {
+        let why = match reason {
+            RevokeReason::Expired => DropReason::Expired,
+            RevokeReason::PodReplaced => DropReason::PodReplaced,
+            RevokeReason::PodFinished => DropReason::PodFinished,
+            _ => DropReason::PodGone,
+        };
+        d.actions.push(Action::new(&w.claim, &w.pod, ActionKind::Dropped(why)));
+        return (None, None);
+    }
+    d.actions
+        .push(Action::new(&w.claim, &w.pod, ActionKind::Revoked(s.fencing_token, reason)));
+    let lease = claim.map(|c| c.lease_seconds).filter(|l| *l > 0);
+    let holder = Holder {
+        claim: w.claim.clone(),
+        pod: w.pod.clone(),
+        pod_uid: w.pod_uid.clone(),
+        fencing_token: s.fencing_token,
+        granted_at: Time(world.now),
+        lease_duration_seconds: lease,
+        release_hash: w.release_hash.clone(),
+        revoked: Some(Revocation {
+            reason,
+            at: Time(world.now),
+        }),
+    };
+    (None, Some(holder))
 }
 
 /// Carry each waiter forward or drop it, then append new claims by arrival. A new
@@ -281,15 +379,25 @@ fn decide_queue<'w>(
     (queue, stale)
 }
 
-/// Grant queue heads while slots are free.
+/// Grant queue heads while slots are free (the successor, at the head, with the token
+/// reserved for it), then designate the head of what is left while every slot is taken.
 fn grant(world: &World<'_>, d: &mut Decision) {
     let max = usize::try_from(world.spec.max_holders.max(1)).unwrap_or(1);
+    let reserved = |claim: &str| {
+        let s = world.status.successor.as_ref().filter(|s| s.claim == claim);
+        s.map(|s| s.fencing_token)
+    };
     let mut granted = 0;
     while d.status.holders.len() < max && granted < d.status.queue.len() {
         let w = &d.status.queue[granted];
+        let token = match reserved(&w.claim).filter(|_| granted == 0) {
+            Some(token) => token,
+            None => {
+                d.status.fencing_token += 1;
+                d.status.fencing_token
+            }
+        };
         granted += 1;
-        d.status.fencing_token += 1;
-        let token = d.status.fencing_token;
         let lease = world.claims.iter().find(|c| c.name == w.claim).map(|c| c.lease_seconds);
         d.status.holders.push(Holder {
             claim: w.claim.clone(),
@@ -305,4 +413,18 @@ fn grant(world: &World<'_>, d: &mut Decision) {
             .push(Action::new(&w.claim, &w.pod, ActionKind::Granted(token)));
     }
     d.status.queue.drain(..granted);
+    // Left waiting: every slot is taken. The head is designated, keeping its token.
+    d.status.successor = d.status.queue.first().map(|w| match reserved(&w.claim) {
+        Some(token) => Successor {
+            claim: w.claim.clone(),
+            fencing_token: token,
+        },
+        None => {
+            d.status.fencing_token += 1;
+            Successor {
+                claim: w.claim.clone(),
+                fencing_token: d.status.fencing_token,
+            }
+        }
+    });
 }

@@ -1,6 +1,8 @@
 //! Property tests: random event sequences against a model of the world, checking the
 //! safety and liveness rules after every decision.
 
+use std::collections::BTreeSet;
+
 use proptest::prelude::*;
 
 use super::tests::{Fixture, lock};
@@ -39,6 +41,10 @@ enum Event {
     HoldBackElapses(usize),
     SetMaxHolders(i32),
     Decide,
+    /// A controller that decided on the k-th status written so far (the current one,
+    /// or one a deposed leader still believes) grants its successor directly, before
+    /// its status write, which is then lost: the successor starts if it still waits.
+    DirectGrant(usize),
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -54,6 +60,7 @@ fn event() -> impl Strategy<Value = Event> {
         2 => any::<usize>().prop_map(Event::HoldBackElapses),
         1 => (1..4i32).prop_map(Event::SetMaxHolders),
         5 => Just(Event::Decide),
+        2 => any::<usize>().prop_map(Event::DirectGrant),
     ]
 }
 
@@ -61,7 +68,6 @@ fn event() -> impl Strategy<Value = Event> {
 #[derive(Debug)]
 struct Process {
     claim: String,
-    pod: String,
     uid: String,
     /// It has certainly stopped working under the lock.
     stopped: bool,
@@ -76,6 +82,12 @@ struct Model {
     granted: Vec<Process>,
     last_token: i64,
     grant_arrivals: Vec<Arrival>,
+    /// Every world a decision was made in, oldest first (what stale leaders may hold).
+    history: Vec<Fixture>,
+    /// Claims whose process has stopped waiting or working by itself (released,
+    /// withdrawn, expired, its pod stopped, or its hold-back over): a direct grant
+    /// reaching it starts nothing.
+    quit: BTreeSet<String>,
 }
 
 impl Model {
@@ -97,6 +109,8 @@ impl Model {
             granted: Vec::new(),
             last_token: 0,
             grant_arrivals: Vec::new(),
+            history: Vec::new(),
+            quit: BTreeSet::new(),
         }
     }
 
@@ -109,6 +123,51 @@ impl Model {
             .iter_mut()
             .filter(|p| pred(p))
             .for_each(|p| p.stopped = true);
+    }
+
+    /// The processes of every claim made in a pod with UID `uid` have stopped.
+    fn quit_pod(&mut self, uid: &str) {
+        let gone = self.f.claims.iter().filter(|c| c.pod_uid == uid).map(|c| c.name.clone());
+        self.quit.extend(gone);
+        self.stop_where(|p| p.uid == uid);
+    }
+
+    /// The process of claim `claim` may still run (as a waiter or a holder).
+    fn may_run(&self, claim: &str) -> bool {
+        !self.quit.contains(claim)
+    }
+
+    /// A direct grant from a decision on the k-th world decided in so far, or on the
+    /// world as it is now (its write lost).
+    fn direct_grant(&mut self, k: usize) {
+        let k = k % (self.history.len() + 1);
+        let snapshot = self.history.get(k).unwrap_or(&self.f).clone();
+        let Some(successor) = snapshot.status.successor.clone() else {
+            return;
+        };
+        let d = snapshot.decide();
+        let direct = d
+            .actions
+            .iter()
+            .any(|a| a.kind == ActionKind::Granted(successor.fencing_token) && a.claim == successor.claim);
+        if !direct || !self.may_run(&successor.claim) || self.granted.iter().any(|p| p.claim == successor.claim) {
+            return;
+        }
+        let Some(w) = snapshot.status.queue.iter().find(|w| w.claim == successor.claim) else {
+            panic!("a successor that is not queued was granted");
+        };
+        self.granted.push(Process {
+            claim: w.claim.clone(),
+            uid: w.pod_uid.clone(),
+            stopped: false,
+        });
+        let max = self.f.spec.max_holders.max(snapshot.spec.max_holders) as usize;
+        let running = self.granted.iter().filter(|p| !p.stopped).count();
+        assert!(
+            running <= max,
+            "a direct grant makes {running} processes run under a lock of {max}: {:?}",
+            self.granted
+        );
     }
 
     fn apply(&mut self, e: &Event) {
@@ -145,6 +204,7 @@ impl Model {
                     } else {
                         c.expired = true
                     }
+                    self.quit.insert(name.clone());
                     self.stop_where(|p| p.claim == name);
                 }
             }
@@ -167,7 +227,7 @@ impl Model {
                 }
                 if graceful {
                     self.f.stopped.insert(gone.uid.clone());
-                    self.stop_where(|p| p.uid == gone.uid);
+                    self.quit_pod(&gone.uid);
                 }
             }
             Event::PodReplaced { pod: i, graceful } => {
@@ -175,7 +235,7 @@ impl Model {
                     && graceful
                 {
                     self.f.stopped.insert(old.uid.clone());
-                    self.stop_where(|p| p.uid == old.uid);
+                    self.quit_pod(&old.uid);
                 }
                 self.generation[i] += 1;
                 self.f.pods.insert(
@@ -189,7 +249,8 @@ impl Model {
             Event::PodFinishes(i) => {
                 if let Some(p) = self.f.pods.get_mut(&pod(i)) {
                     p.finished = true;
-                    self.stop_where(|p| p.pod == pod(i));
+                    let uid = p.uid.clone();
+                    self.quit_pod(&uid);
                 }
             }
             Event::HoldBackElapses(j) => {
@@ -204,16 +265,19 @@ impl Model {
                     .any(|h| h.claim == name && h.revoked.is_some());
                 if revoked {
                     self.f.elapsed.insert(name.clone());
+                    self.quit.insert(name.clone());
                     self.stop_where(|p| p.claim == name);
                 }
             }
             Event::SetMaxHolders(n) => self.f.spec.max_holders = n,
             Event::Decide => self.decide_and_check(),
+            Event::DirectGrant(k) => self.direct_grant(k),
         }
     }
 
     fn decide_and_check(&mut self) {
         let before = self.f.status.clone();
+        self.history.push(self.f.clone());
         let d = self.f.decide();
         let max = self.f.spec.max_holders as usize;
 
@@ -221,7 +285,16 @@ impl Model {
         assert!(d.status.fencing_token >= before.fencing_token, "token went backwards");
         for a in &d.actions {
             if let ActionKind::Granted(token) = a.kind {
-                let (claim, pod) = (&a.claim, &a.pod);
+                let claim = &a.claim;
+                let direct = before.successor.as_ref().is_some_and(|s| &s.claim == claim && s.fencing_token == token);
+                if direct && self.granted.iter().any(|p| &p.claim == claim) {
+                    // Its direct grant, now written: the same grant, not a new process.
+                    assert!(token > self.last_token, "token {token} not above {}", self.last_token);
+                    self.last_token = token;
+                    let c = self.f.claims.iter().find(|c| &c.name == claim).expect("granted a claim that is not there");
+                    self.grant_arrivals.push(c.arrival);
+                    continue;
+                }
                 assert!(token > self.last_token, "token {token} not above {}", self.last_token);
                 self.last_token = token;
                 let c = self
@@ -233,7 +306,6 @@ impl Model {
                 self.grant_arrivals.push(c.arrival);
                 self.granted.push(Process {
                     claim: claim.clone(),
-                    pod: pod.clone(),
                     uid: c.pod_uid.clone(),
                     stopped: false,
                 });
@@ -257,12 +329,24 @@ impl Model {
             assert!(d.status.holders.len() <= max, "granted past maxHolders");
         }
         // A force-released holder whose process may still run keeps its slot.
+        // A successor told of its grant, not yet listed as a holder, stays the successor.
         for p in self.granted.iter().filter(|p| !p.stopped) {
+            let successor = d.status.successor.as_ref().is_some_and(|s| s.claim == p.claim);
             assert!(
-                d.status.holders.iter().any(|h| h.claim == p.claim),
+                d.status.holders.iter().any(|h| h.claim == p.claim) || successor,
                 "slot of running {} was freed",
                 p.claim
             );
+        }
+        // The successor is the head of the queue, designated only while every slot is
+        // taken, with a token above every grant's.
+        if let Some(s) = &d.status.successor {
+            assert_eq!(d.status.queue.first().map(|w| &w.claim), Some(&s.claim));
+            assert!(d.status.holders.len() >= max, "designated with a slot free");
+            assert!(d.status.holders.iter().all(|h| h.fencing_token < s.fencing_token));
+            assert!(s.fencing_token <= d.status.fencing_token);
+        } else {
+            assert!(d.status.queue.is_empty(), "waiters but no successor");
         }
         // Grants in arrival order.
         assert!(

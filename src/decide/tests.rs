@@ -482,3 +482,67 @@ fn tokens_continue_from_status_even_when_holders_carry_higher_ones() {
     let d = f.released("a").decide();
     assert_eq!(d.granted(), [("b", 2)], "never reuse a holder's token");
 }
+
+fn successor(d: &Decision) -> Option<(&str, i64)> {
+    d.status.successor.as_ref().map(|s| (s.claim.as_str(), s.fencing_token))
+}
+
+#[test]
+fn the_head_of_a_full_lock_is_designated_with_the_next_token_which_its_grant_keeps() {
+    let (f, d) = lock().held_by("a").queued("b").queued("c").then();
+    assert_eq!(successor(&d), Some(("b", 2)), "designated while the only slot is taken");
+    assert_eq!(d.status.fencing_token, 2, "the reserved token counts as issued");
+    let (f, d) = f.claims("d").then();
+    assert_eq!(successor(&d), Some(("b", 2)), "a newcomer changes no designation");
+    assert_eq!(d.queue(), ["b", "c", "d"]);
+    let (_, d) = f.released("a").then();
+    assert_eq!(d.granted(), [("b", 2)], "the freed slot goes to the successor, with its token");
+    assert_eq!(successor(&d), Some(("c", 3)));
+    let d = lock().held_by("a").queued("b").decide();
+    assert_eq!(successor(&d), Some(("b", 2)));
+    let d = lock().max_holders(2).held_by("a").queued("b").decide();
+    assert_eq!(d.granted(), [("b", 2)]);
+    assert_eq!(successor(&d), None, "nobody waits");
+    let d = lock().held_by("a").decide();
+    assert_eq!(successor(&d), None);
+}
+
+#[test]
+fn a_successor_that_may_have_been_told_of_its_grant_and_may_run_holds_a_slot_back() {
+    let (designated, _) = lock().held_by("a").queued("b").queued("c").then();
+    for (f, reason) in [
+        (designated.clone().pod_force_deleted("b"), RevokeReason::PodGone),
+        (designated.clone().pod_force_replaced("b"), RevokeReason::PodReplaced),
+        (designated.clone().forged("b"), RevokeReason::ForceReleased),
+        (designated.clone().claim_deleted("b"), RevokeReason::ForceReleased),
+    ] {
+        let (f, d) = f.then();
+        assert_eq!(d.revoked(), [("b", reason)], "{reason:?}");
+        assert_eq!(d.holders(), ["a", "b"], "{reason:?}: b keeps a slot held back");
+        assert_eq!(d.status.holders[1].fencing_token, 2, "with its reserved token");
+        assert_eq!(successor(&d), Some(("c", 3)), "{reason:?}");
+        // a leaves: b's held-back slot still counts, so c waits for it.
+        let (f, d) = f.released("a").then();
+        assert_eq!(d.granted(), [], "{reason:?}");
+        let d = f.hold_back_elapsed("b").decide();
+        assert_eq!(d.granted(), [("c", 3)], "{reason:?}");
+    }
+}
+
+#[test]
+fn a_successor_that_withdrew_or_certainly_stopped_leaves_its_place_to_the_next() {
+    let (designated, _) = lock().held_by("a").queued("b").queued("c").then();
+    for (f, reason) in [
+        (designated.clone().released("b"), DropReason::Withdrawn),
+        (designated.clone().expired("b"), DropReason::Expired),
+        (designated.clone().pod_gone("b"), DropReason::PodGone),
+        (designated.clone().pod_finished("b"), DropReason::PodFinished),
+    ] {
+        let d = f.decide();
+        let dropped: Vec<_> = d.actions.iter().map(|a| (a.claim.as_str(), a.kind)).collect();
+        assert_eq!(dropped, [("b", ActionKind::Dropped(reason))]);
+        assert_eq!(d.holders(), ["a"], "{reason:?}: no slot held back");
+        assert_eq!(successor(&d), Some(("c", 3)), "{reason:?}: b's token is never issued");
+        assert_eq!(d.delete_claims, ["b"]);
+    }
+}
