@@ -11,6 +11,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::Api;
 
+use super::direct::DirectWait;
 use super::guard::{Guard, Held};
 use super::progress::{Listener, Progress, WaitEvent};
 use super::session::{LostReason, Session};
@@ -18,7 +19,7 @@ use super::watch::{LockWatch, Seen};
 use super::{Error, WaitStatus, identity_from_env};
 use crate::api::{DEFAULT_LEASE_DURATION_SECONDS, DistributedLock};
 use crate::protocol::timing::renew_interval;
-use crate::protocol::{PodIdentity, granted_token};
+use crate::protocol::{PodIdentity, granted_token, still_grants};
 
 /// How long `try_acquire` waits for the controller to place its claim.
 pub const TRY_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -232,7 +233,7 @@ impl Lock {
         match outcome {
             Ok(Outcome::Granted(token)) => {
                 let held = Held::granted(session, renewal, token);
-                watch_revocation(events, held.session.clone());
+                watch_revocation(events, held.session.clone(), token);
                 *current = Some(held.clone());
                 Ok(Some(Guard { held, released: false }))
             }
@@ -304,6 +305,7 @@ impl Lock {
             Mode::Until(at, _) => Some(*at),
         };
         let mut progress = Progress::new(&self.listeners, claim, now(), exists);
+        let mut direct = DirectWait::default();
         loop {
             let at = |t: Option<tokio::time::Instant>| async move {
                 match t {
@@ -321,6 +323,10 @@ impl Lock {
                     }
                     None => return Err(Error::Watch(self.name.clone())),
                 },
+                (token, release_url) = direct.granted() => {
+                    session.set_release_url(Some(&release_url));
+                    return Ok(Outcome::Granted(token));
+                }
                 _ = session.lost() => return Err(Error::ClaimLost(claim.into())),
                 _ = at(until) => return Err(Error::Timeout(match mode {
                     Mode::Until(_, d) => *d,
@@ -339,6 +345,7 @@ impl Lock {
             if matches!(mode, Mode::Try) && status.queue.iter().any(|w| w.claim == claim) {
                 return Ok(Outcome::WouldBlock);
             }
+            direct.follow(&lock, claim);
             progress.lock_seen(&status, now());
         }
     }
@@ -352,9 +359,10 @@ async fn withdraw_now(session: &Session) {
     }
 }
 
-/// After a grant: report the session lost as soon as the lock's status no longer
-/// grants the claim, or the lock is deleted.
-fn watch_revocation(mut events: LockWatch, session: Arc<Session>) {
+/// After a grant with `token`: report the session lost as soon as the lock's status no
+/// longer grants it ([`still_grants`]: a direct grant's status shows the designation
+/// until the grant is written), or the lock is deleted.
+fn watch_revocation(mut events: LockWatch, session: Arc<Session>, token: i64) {
     tokio::spawn(async move {
         let mut state = session.state();
         loop {
@@ -367,7 +375,7 @@ fn watch_revocation(mut events: LockWatch, session: Arc<Session>) {
             };
             let reason = match seen {
                 Seen::Gone => LostReason::LockDeleted,
-                Seen::Lock(lock) if !grants(&lock, &session.claim) => LostReason::Revoked,
+                Seen::Lock(lock) if !grants(&lock, &session.claim, token) => LostReason::Revoked,
                 Seen::Lock(lock) => {
                     // A new leader publishes where it takes notices with its writes.
                     let url = lock.status.as_ref().and_then(|s| s.release_url.as_deref());
@@ -382,8 +390,8 @@ fn watch_revocation(mut events: LockWatch, session: Arc<Session>) {
     });
 }
 
-fn grants(lock: &DistributedLock, claim: &str) -> bool {
-    lock.status.as_ref().is_some_and(|s| granted_token(s, claim).is_some())
+fn grants(lock: &DistributedLock, claim: &str, token: i64) -> bool {
+    lock.status.as_ref().is_some_and(|s| still_grants(s, claim, token))
 }
 
 /// Withdraws a claim whose acquisition was abandoned: dropped while waiting (a

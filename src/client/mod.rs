@@ -31,6 +31,7 @@
 //! - { name: POD_UID, valueFrom: { fieldRef: { fieldPath: metadata.uid } } }
 //! ```
 
+mod direct;
 mod guard;
 mod lock;
 mod notice;

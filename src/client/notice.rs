@@ -47,20 +47,24 @@ pub(crate) async fn written(release_url: &str, notice: &Notice, lease: Duration)
 
 /// The answer's status code, and whether it carries the controller's written header.
 async fn post(uri: http::Uri, notice: &Notice) -> Result<(u16, bool), String> {
+    let response = post_json(uri, notice).await?;
+    let ours = response.headers.get(WRITTEN_HEADER).is_some_and(|v| v == WRITTEN_VALUE);
+    Ok((response.status.as_u16(), ours))
+}
+
+/// POST `body` as JSON to `uri` (plain HTTP/1.1, on a connection of its own); the
+/// answer's head (its body is not read).
+pub(crate) async fn post_json(uri: http::Uri, body: &impl serde::Serialize) -> Result<http::response::Parts, String> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let client: Client<_, kube::client::Body> = Client::builder(TokioExecutor::new()).build(connector);
-    let body = serde_json::to_vec(notice).map_err(|e| e.to_string())?;
+    let body = serde_json::to_vec(body).map_err(|e| e.to_string())?;
     let request = http::Request::post(uri)
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(kube::client::Body::from(body))
         .map_err(|e| e.to_string())?;
     let response = client.request(request).await.map_err(|e| e.to_string())?;
-    let ours = response
-        .headers()
-        .get(WRITTEN_HEADER)
-        .is_some_and(|v| v == WRITTEN_VALUE);
-    Ok((response.status().as_u16(), ours))
+    Ok(response.into_parts().0)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
-//! The controller's HTTP endpoints: /metrics (OpenMetrics text), /healthz, /readyz, and
-//! the release notices ([`crate::protocol::notice`], POST [`NOTICE_PATH`]).
+//! The controller's HTTP endpoints: /metrics (OpenMetrics text), /healthz, /readyz, the
+//! release notices ([`crate::protocol::notice`], POST [`NOTICE_PATH`]) and the waits of
+//! designated successors ([`crate::protocol::grant`], POST [`GRANT_PATH`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,8 +12,10 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::routing::{get, post};
 
+use super::direct::Told;
 use super::metrics::{CONTENT_TYPE, Metrics};
 use super::notices::Notices;
+use crate::protocol::grant::{GRANT_PATH, MAX_WAIT_BYTES, SIGNATURE_HEADER, TOKEN_HEADER, WaitFor};
 use crate::protocol::notice::{MAX_NOTICE_BYTES, NOTICE_PATH, Notice, WRITTEN_HEADER, WRITTEN_VALUE};
 
 /// Serve the endpoints on `addr` until the task is dropped.
@@ -42,9 +45,29 @@ fn router(metrics: Arc<Metrics>, notices: Arc<Notices>) -> Router {
             text.to_string(),
         )
     });
+    let wait = post(|State(notices): State<Arc<Notices>>, body: Bytes| async move {
+        let w = match serde_json::from_slice::<WaitFor>(&body) {
+            Ok(w) => w,
+            Err(e) => return (StatusCode::BAD_REQUEST, None, format!("not a wait for a grant: {e}\n")),
+        };
+        match notices.successors.wait(&w).await {
+            Told::Granted(token, signature) => (
+                StatusCode::OK,
+                Some([(TOKEN_HEADER, token.to_string()), (SIGNATURE_HEADER, signature)]),
+                "granted\n".to_string(),
+            ),
+            Told::NotYet => (StatusCode::NO_CONTENT, None, String::new()),
+            Told::NotLeader => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                None,
+                "this replica is not the leader: wait for the lock's status\n".to_string(),
+            ),
+        }
+    });
     let notices = Router::new()
         .route(NOTICE_PATH, take)
-        .layer(DefaultBodyLimit::max(MAX_NOTICE_BYTES))
+        .route(GRANT_PATH, wait)
+        .layer(DefaultBodyLimit::max(MAX_NOTICE_BYTES.max(MAX_WAIT_BYTES)))
         .with_state(notices);
     Router::new()
         .route(

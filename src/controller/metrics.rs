@@ -82,6 +82,8 @@ pub struct Metrics {
     pub events_suppressed: Counter,
     /// Release notices taken, by answer.
     pub notices: Family<CategoryLabels, Counter>,
+    /// Successors told of their grant before its status write.
+    pub direct_grants: Counter,
     /// 1 while this replica leads (or runs without election), else 0.
     pub leader: Gauge,
     /// Set once the controller's caches are synced (or it is a ready standby).
@@ -109,6 +111,7 @@ impl Default for Metrics {
         let errors = Family::<CategoryLabels, Counter>::default();
         let events_suppressed = Counter::default();
         let notices = Family::<CategoryLabels, Counter>::default();
+        let direct_grants = Counter::default();
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -146,8 +149,14 @@ impl Default for Metrics {
             "Release notices taken over HTTP, by answer (category)",
             notices.clone(),
         );
+        registry.register(
+            "direct_grants",
+            "Successors told of their grant directly, before its status write",
+            direct_grants.clone(),
+        );
         Metrics {
             notices,
+            direct_grants,
             grants,
             revocations,
             queue_depth,

@@ -11,6 +11,7 @@ mod apply;
 pub mod budget;
 pub mod claims;
 pub mod context;
+pub mod direct;
 pub mod etcd;
 pub mod finalizer;
 mod http;

@@ -98,6 +98,8 @@ pub struct Notices {
     taken: Mutex<HashMap<(String, String), (Instant, String)>>,
     /// Counts status writes, so a waiting answer looks again after each.
     writes: watch::Sender<u64>,
+    /// The successors waiting to be told of their grant.
+    pub successors: super::direct::Successors,
 }
 
 // === impl Notices ===
@@ -107,6 +109,7 @@ impl Notices {
     /// reconcile their locks through `prompter`.
     pub fn lead(&self, locks: Store<DistributedLock>, written: Arc<Written>, prompter: Prompter) {
         self.taken.lock().expect("notices lock poisoned").clear();
+        self.successors.lead();
         *self.leader.lock().expect("notices lock poisoned") = Some(Leader {
             locks,
             written,
@@ -119,6 +122,7 @@ impl Notices {
     pub fn step_down(&self) {
         *self.leader.lock().expect("notices lock poisoned") = None;
         self.taken.lock().expect("notices lock poisoned").clear();
+        self.successors.step_down();
     }
 
     /// Judge a notice, and if it is valid, have its lock reconciled and wait (up to

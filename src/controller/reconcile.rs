@@ -115,7 +115,9 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         let trouble = (plan.rejected > 0).then(|| Trouble::rejected(plan.rejected));
         let mut status = with_conditions(&current, plan.decision.status.clone(), trouble.as_ref());
         status.release_url = ctx.release_url.clone();
+        status.grant_key = ctx.release_url.as_ref().map(|_| ctx.notices.successors.public_key());
         grants_restart_expiry(&ctx, &ns, &plan);
+        grant_directly(&ctx, &current, &plan);
         match write_status(&ctx, &api, &mut current, status).await? {
             Step::Go => {}
             Step::Again => continue,
@@ -146,6 +148,36 @@ fn grants_restart_expiry(ctx: &Context, ns: &str, plan: &Plan) {
         if matches!(a.kind, crate::decide::ActionKind::Granted(_)) {
             tracker.restart_expiry(ns, &a.claim, now);
         }
+    }
+}
+
+/// Tell the successor `current`'s status designated that the plan grants it, before
+/// the status write that records the grant (see [`crate::protocol::grant`]). `current`
+/// is a status the API server stored, so its designation binds every later decision.
+fn grant_directly(ctx: &Context, current: &DistributedLock, plan: &Plan) {
+    let Some(s) = current.status.as_ref().and_then(|s| s.successor.as_ref()) else {
+        return;
+    };
+    let granted = crate::decide::ActionKind::Granted(s.fencing_token);
+    if !plan
+        .decision
+        .actions
+        .iter()
+        .any(|a| a.claim == s.claim && a.kind == granted)
+    {
+        return;
+    }
+    let (ns, lock) = (current.namespace().unwrap_or_default(), current.name_any());
+    let grant = crate::protocol::grant::Grant {
+        namespace: &ns,
+        lock: &lock,
+        lock_uid: current.metadata.uid.as_deref().unwrap_or_default(),
+        claim: &s.claim,
+        fencing_token: s.fencing_token,
+    };
+    if ctx.notices.successors.grant(&grant) {
+        ctx.metrics.direct_grants.inc();
+        tracing::debug!(claim = s.claim, token = s.fencing_token, "successor told of its grant");
     }
 }
 
@@ -244,9 +276,10 @@ async fn renewed_unseen(ctx: &Context, ns: &str, plan: &Plan) -> Result<bool, Er
 /// leader would otherwise rewrite every lock at once).
 fn unchanged(current: Option<&DistributedLockStatus>, next: &DistributedLockStatus) -> bool {
     current.is_some_and(|c| {
-        c.release_url == next.release_url && c == next || {
+        c.release_url == next.release_url && c.grant_key == next.grant_key && c == next || {
             let mut c = c.clone();
             c.release_url.clone_from(&next.release_url);
+            c.grant_key.clone_from(&next.grant_key);
             &c == next
         }
     })
@@ -385,7 +418,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_status_is_not_written_for_its_release_url_alone() {
+    fn a_status_is_not_written_for_its_release_url_or_grant_key_alone() {
         let old = DistributedLockStatus {
             fencing_token: 3,
             release_url: Some("http://10.0.0.1:8080".into()),
@@ -393,7 +426,11 @@ mod tests {
         };
         let mut new = old.clone();
         new.release_url = Some("http://10.0.0.2:8080".into());
-        assert!(unchanged(Some(&old), &new), "a new leader's URL waits for a write");
+        new.grant_key = Some("ab".repeat(32));
+        assert!(
+            unchanged(Some(&old), &new),
+            "a new leader's URL and key wait for a write"
+        );
         new.fencing_token = 4;
         assert!(!unchanged(Some(&old), &new), "and goes with the next one");
         assert!(!unchanged(None, &new));

@@ -260,8 +260,11 @@ fn decide_successor<'w>(
         d.actions.push(Action::new(&w.claim, &w.pod, ActionKind::Dropped(why)));
         return (None, None);
     }
-    d.actions
-        .push(Action::new(&w.claim, &w.pod, ActionKind::Revoked(s.fencing_token, reason)));
+    d.actions.push(Action::new(
+        &w.claim,
+        &w.pod,
+        ActionKind::Revoked(s.fencing_token, reason),
+    ));
     let lease = claim.map(|c| c.lease_seconds).filter(|l| *l > 0);
     let holder = Holder {
         claim: w.claim.clone(),

@@ -127,7 +127,12 @@ impl Model {
 
     /// The processes of every claim made in a pod with UID `uid` have stopped.
     fn quit_pod(&mut self, uid: &str) {
-        let gone = self.f.claims.iter().filter(|c| c.pod_uid == uid).map(|c| c.name.clone());
+        let gone = self
+            .f
+            .claims
+            .iter()
+            .filter(|c| c.pod_uid == uid)
+            .map(|c| c.name.clone());
         self.quit.extend(gone);
         self.stop_where(|p| p.uid == uid);
     }
@@ -286,12 +291,20 @@ impl Model {
         for a in &d.actions {
             if let ActionKind::Granted(token) = a.kind {
                 let claim = &a.claim;
-                let direct = before.successor.as_ref().is_some_and(|s| &s.claim == claim && s.fencing_token == token);
+                let direct = before
+                    .successor
+                    .as_ref()
+                    .is_some_and(|s| &s.claim == claim && s.fencing_token == token);
                 if direct && self.granted.iter().any(|p| &p.claim == claim) {
                     // Its direct grant, now written: the same grant, not a new process.
                     assert!(token > self.last_token, "token {token} not above {}", self.last_token);
                     self.last_token = token;
-                    let c = self.f.claims.iter().find(|c| &c.name == claim).expect("granted a claim that is not there");
+                    let c = self
+                        .f
+                        .claims
+                        .iter()
+                        .find(|c| &c.name == claim)
+                        .expect("granted a claim that is not there");
                     self.grant_arrivals.push(c.arrival);
                     continue;
                 }

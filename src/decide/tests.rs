@@ -496,7 +496,11 @@ fn the_head_of_a_full_lock_is_designated_with_the_next_token_which_its_grant_kee
     assert_eq!(successor(&d), Some(("b", 2)), "a newcomer changes no designation");
     assert_eq!(d.queue(), ["b", "c", "d"]);
     let (_, d) = f.released("a").then();
-    assert_eq!(d.granted(), [("b", 2)], "the freed slot goes to the successor, with its token");
+    assert_eq!(
+        d.granted(),
+        [("b", 2)],
+        "the freed slot goes to the successor, with its token"
+    );
     assert_eq!(successor(&d), Some(("c", 3)));
     let d = lock().held_by("a").queued("b").decide();
     assert_eq!(successor(&d), Some(("b", 2)));

@@ -67,6 +67,7 @@
 //! compared. `timing`'s tests state this inequality with the real functions.
 
 pub mod claim;
+pub mod grant;
 #[cfg(feature = "client")]
 pub mod notice;
 pub mod release;
@@ -110,6 +111,15 @@ pub fn granted_token(status: &DistributedLockStatus, claim: &str) -> Option<i64>
         .iter()
         .find(|h| h.claim == claim && h.revoked.is_none())
         .map(|h| h.fencing_token)
+}
+
+/// Whether `status` still lets the holder of `claim`'s grant with `token` hold: it lists
+/// the claim as an unrevoked holder with that token, or still designates it as the
+/// successor with that token (granted directly, see [`grant`], and not yet written).
+pub fn still_grants(status: &DistributedLockStatus, claim: &str, token: i64) -> bool {
+    let designated = status.successor.as_ref();
+    granted_token(status, claim) == Some(token)
+        || designated.is_some_and(|s| s.claim == claim && s.fencing_token == token)
 }
 
 /// Whether `status` names `claim`, as a holder (revoked or not) or a waiter: whether

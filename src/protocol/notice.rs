@@ -71,9 +71,13 @@ impl std::fmt::Debug for Notice {
 /// Where notices go, given the URL a lock's status publishes; `None` unless it is a
 /// plain `http://host:port` URL (a controller publishes nothing else).
 pub fn notice_uri(release_url: &str) -> Option<http::Uri> {
-    let uri: http::Uri = format!("{}{NOTICE_PATH}", release_url.trim_end_matches('/'))
-        .parse()
-        .ok()?;
+    endpoint(release_url, NOTICE_PATH)
+}
+
+/// The URI of the controller's endpoint `path` under its published `release_url`, if
+/// that is a plain `http://host:port` URL.
+pub fn endpoint(release_url: &str, path: &str) -> Option<http::Uri> {
+    let uri: http::Uri = format!("{}{path}", release_url.trim_end_matches('/')).parse().ok()?;
     (uri.scheme_str() == Some("http") && uri.port_u16().is_some() && uri.host().is_some()).then_some(uri)
 }
 

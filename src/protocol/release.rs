@@ -48,8 +48,20 @@ pub fn hash_of(mark: &str) -> String {
     hex(ring::digest::digest(&ring::digest::SHA256, mark.as_bytes()).as_ref())
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// `bytes`, hex-encoded (lower case).
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes a hex string encodes; `None` unless it is all pairs of hex digits.
+pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| text.get(i..i + 2).and_then(|pair| u8::from_str_radix(pair, 16).ok()))
+        .collect()
 }
 
 /// Whether `secret` is the one behind `hash`, a release hash recorded in status.

@@ -1,0 +1,268 @@
+//! Waiting for a direct grant ([`crate::protocol::grant`]) while the lock's status
+//! designates the claim as its successor: one request held open at the controller's
+//! published URL, and a grant trusted only when its signature verifies against the
+//! key of the status that designated the claim, for the token reserved there.
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::api::DistributedLock;
+use crate::protocol::grant::{GRANT_PATH, Grant, SIGNATURE_HEADER, TOKEN_HEADER, WaitFor};
+use crate::protocol::notice::endpoint;
+
+/// What a designation says: where to wait, whom to trust, for which grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Designation {
+    release_url: String,
+    key: String,
+    namespace: String,
+    lock: String,
+    lock_uid: String,
+    claim: String,
+    token: i64,
+}
+
+impl Designation {
+    /// The designation of `claim` in `lock`'s status, if it has one with everything a
+    /// direct grant needs.
+    fn of(lock: &DistributedLock, claim: &str) -> Option<Self> {
+        let status = lock.status.as_ref()?;
+        let successor = status.successor.as_ref().filter(|s| s.claim == claim)?;
+        Some(Designation {
+            release_url: status.release_url.clone()?,
+            key: status.grant_key.clone()?,
+            namespace: lock.metadata.namespace.clone()?,
+            lock: lock.metadata.name.clone()?,
+            lock_uid: lock.metadata.uid.clone()?,
+            claim: claim.into(),
+            token: successor.fencing_token,
+        })
+    }
+
+    fn grant(&self) -> Grant<'_> {
+        Grant {
+            namespace: &self.namespace,
+            lock: &self.lock,
+            lock_uid: &self.lock_uid,
+            claim: &self.claim,
+            fencing_token: self.token,
+        }
+    }
+
+    /// Wait at the controller until it grants (`Some`), or refuses or fails (`None`).
+    async fn wait(&self) -> Option<i64> {
+        let uri = endpoint(&self.release_url, GRANT_PATH)?;
+        let body = WaitFor {
+            namespace: self.namespace.clone(),
+            lock: self.lock.clone(),
+            claim: self.claim.clone(),
+        };
+        loop {
+            let head = match super::notice::post_json(uri.clone(), &body).await {
+                Ok(head) => head,
+                Err(e) => {
+                    tracing::debug!(claim = self.claim, error = %e, "waiting for a direct grant failed");
+                    return None;
+                }
+            };
+            match head.status.as_u16() {
+                204 => continue, // nothing yet: ask again
+                200 => {}
+                code => {
+                    tracing::debug!(
+                        claim = self.claim,
+                        code,
+                        "the controller takes no wait for a direct grant"
+                    );
+                    return None;
+                }
+            }
+            let header = |name: &str| head.headers.get(name).and_then(|v| v.to_str().ok());
+            let token = header(TOKEN_HEADER).and_then(|t| t.parse::<i64>().ok());
+            let signature = header(SIGNATURE_HEADER).unwrap_or_default();
+            if token == Some(self.token) && self.grant().verify(&self.key, signature) {
+                return Some(self.token);
+            }
+            tracing::warn!(
+                claim = self.claim,
+                ?token,
+                url = self.release_url,
+                "a direct grant did not verify against the lock's grant key: ignored"
+            );
+            return None;
+        }
+    }
+}
+
+/// A claim's wait for a direct grant, following the lock's status.
+#[derive(Default)]
+pub(crate) struct DirectWait {
+    waiting: Option<(Designation, JoinHandle<()>)>,
+    granted: Option<oneshot::Receiver<(i64, String)>>,
+}
+
+impl DirectWait {
+    /// The lock as last seen: wait for a direct grant while its status designates
+    /// `claim` (once per designation, URL and key; again after a failure only when
+    /// the status changes).
+    pub fn follow(&mut self, lock: &DistributedLock, claim: &str) {
+        let next = Designation::of(lock, claim);
+        if let Some((current, task)) = &self.waiting
+            && Some(current) == next.as_ref()
+            && !task.is_finished()
+        {
+            return;
+        }
+        self.stop();
+        let Some(designation) = next else { return };
+        let (tx, rx) = oneshot::channel();
+        let d = designation.clone();
+        let task = tokio::spawn(async move {
+            if let Some(token) = d.wait().await {
+                let _ = tx.send((token, d.release_url));
+            }
+        });
+        self.waiting = Some((designation, task));
+        self.granted = Some(rx);
+    }
+
+    /// Completes with the token, and the URL that takes release notices, once a
+    /// verified direct grant has come; pending while none can.
+    pub async fn granted(&mut self) -> (i64, String) {
+        match self.granted.as_mut() {
+            Some(rx) => match rx.await {
+                Ok(granted) => granted,
+                Err(_) => {
+                    self.granted = None;
+                    std::future::pending().await
+                }
+            },
+            None => std::future::pending().await,
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some((_, task)) = self.waiting.take() {
+            task.abort();
+        }
+        self.granted = None;
+    }
+}
+
+impl Drop for DirectWait {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::api::{DistributedLockSpec, DistributedLockStatus, Successor};
+    use crate::protocol::grant::GrantKey;
+
+    /// A controller stand-in on loopback answering one wait with `reply` (a raw HTTP
+    /// response head).
+    async fn answering(reply: String) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&got).contains("\"claim\"") {
+                let n = conn.read(&mut buf).await.unwrap();
+                assert!(n > 0, "closed before the body");
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert!(String::from_utf8_lossy(&got).starts_with("POST /v1/grant HTTP/1.1"));
+            conn.write_all(reply.as_bytes()).await.unwrap();
+            std::future::pending::<()>().await;
+        });
+        url
+    }
+
+    fn designating(url: &str, key: &GrantKey) -> DistributedLock {
+        let mut lock = DistributedLock::new("l", DistributedLockSpec::default());
+        lock.metadata.namespace = Some("ns".into());
+        lock.metadata.uid = Some("u-1".into());
+        lock.status = Some(DistributedLockStatus {
+            successor: Some(Successor {
+                claim: "c-1".into(),
+                fencing_token: 7,
+            }),
+            release_url: Some(url.into()),
+            grant_key: Some(key.public()),
+            ..Default::default()
+        });
+        lock
+    }
+
+    fn reply(token: i64, signature: &str) -> String {
+        format!(
+            "HTTP/1.1 200 OK\r\n{TOKEN_HEADER}: {token}\r\n{SIGNATURE_HEADER}: {signature}\r\ncontent-length: 0\r\n\r\n"
+        )
+    }
+
+    fn grant(token: i64) -> Grant<'static> {
+        Grant {
+            namespace: "ns",
+            lock: "l",
+            lock_uid: "u-1",
+            claim: "c-1",
+            fencing_token: token,
+        }
+    }
+
+    /// Whether following `lock` as claim c-1 yields a grant within a second.
+    async fn granted(lock: &DistributedLock) -> Option<(i64, String)> {
+        let mut wait = DirectWait::default();
+        wait.follow(lock, "c-1");
+        tokio::time::timeout(std::time::Duration::from_secs(1), wait.granted())
+            .await
+            .ok()
+    }
+
+    #[tokio::test]
+    async fn a_grant_signed_by_the_published_key_for_the_reserved_token_is_taken() {
+        let key = GrantKey::generate();
+        let url = answering(reply(7, &key.sign(&grant(7)))).await;
+        assert_eq!(granted(&designating(&url, &key)).await, Some((7, url)));
+    }
+
+    #[tokio::test]
+    async fn a_forged_or_mismatched_grant_is_ignored() {
+        let key = GrantKey::generate();
+        let forger = GrantKey::generate();
+        for (what, head) in [
+            ("another key", reply(7, &forger.sign(&grant(7)))),
+            ("another token", reply(8, &key.sign(&grant(8)))),
+            ("a token unlike the signed one", reply(7, &key.sign(&grant(8)))),
+            (
+                "no signature",
+                "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_string(),
+            ),
+            ("a refusal", "HTTP/1.1 503 X\r\ncontent-length: 0\r\n\r\n".to_string()),
+        ] {
+            let url = answering(head).await;
+            assert_eq!(granted(&designating(&url, &key)).await, None, "{what}");
+        }
+    }
+
+    #[tokio::test]
+    async fn no_wait_without_a_designation_of_this_claim_with_a_key_and_url() {
+        let key = GrantKey::generate();
+        let url = answering(reply(7, &key.sign(&grant(7)))).await;
+        let lock = designating(&url, &key);
+        let mut other = lock.clone();
+        other.status.as_mut().unwrap().successor.as_mut().unwrap().claim = "c-2".into();
+        let mut keyless = lock.clone();
+        keyless.status.as_mut().unwrap().grant_key = None;
+        for lock in [other, keyless] {
+            assert_eq!(granted(&lock).await, None);
+        }
+        assert!(granted(&lock).await.is_some(), "the stand-in still answers");
+    }
+}
