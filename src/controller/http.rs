@@ -45,11 +45,13 @@ fn router(metrics: Arc<Metrics>, notices: Arc<Notices>) -> Router {
             text.to_string(),
         )
     });
-    let wait = post(|State(notices): State<Arc<Notices>>, body: Bytes| async move {
+    let waiting = metrics.successors_waiting.clone();
+    let wait = post(move |State(notices): State<Arc<Notices>>, body: Bytes| async move {
         let w = match serde_json::from_slice::<WaitFor>(&body) {
             Ok(w) => w,
             Err(e) => return (StatusCode::BAD_REQUEST, None, format!("not a wait for a grant: {e}\n")),
         };
+        let _counted = Counted::new(waiting);
         match notices.successors.wait(&w).await {
             Told::Granted(token, signature) => (
                 StatusCode::OK,
@@ -87,6 +89,22 @@ fn router(metrics: Arc<Metrics>, notices: Arc<Notices>) -> Router {
         )
         .with_state(metrics)
         .merge(notices)
+}
+
+/// Counts one in a gauge while it lives (a wait is dropped when its client goes).
+struct Counted(prometheus_client::metrics::gauge::Gauge);
+
+impl Counted {
+    fn new(gauge: prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        Counted(gauge)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 #[cfg(test)]

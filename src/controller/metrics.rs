@@ -84,6 +84,8 @@ pub struct Metrics {
     pub notices: Family<CategoryLabels, Counter>,
     /// Successors told of their grant before its status write.
     pub direct_grants: Counter,
+    /// Successors waiting here to be told of their grant.
+    pub successors_waiting: Gauge,
     /// 1 while this replica leads (or runs without election), else 0.
     pub leader: Gauge,
     /// Set once the controller's caches are synced (or it is a ready standby).
@@ -112,6 +114,7 @@ impl Default for Metrics {
         let events_suppressed = Counter::default();
         let notices = Family::<CategoryLabels, Counter>::default();
         let direct_grants = Counter::default();
+        let successors_waiting = Gauge::default();
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -154,9 +157,15 @@ impl Default for Metrics {
             "Successors told of their grant directly, before its status write",
             direct_grants.clone(),
         );
+        registry.register(
+            "successors_waiting",
+            "Designated successors waiting at this replica to be told of their grant",
+            successors_waiting.clone(),
+        );
         Metrics {
             notices,
             direct_grants,
+            successors_waiting,
             grants,
             revocations,
             queue_depth,

@@ -1,7 +1,9 @@
-//! Release notices ([`leasehold::protocol::notice`]) against the real API server: a
-//! holder's notice hands the lock on with no release mark written, a forged notice
-//! takes nothing away, and a controller that never answers costs the notice's timeout,
-//! then the mark does the handoff.
+//! Release notices ([`leasehold::protocol::notice`]) and direct grants
+//! ([`leasehold::protocol::grant`]) against the real API server: a holder's notice hands
+//! the lock on with no release mark written, a forged notice takes nothing away, a
+//! controller that never answers costs the notice's timeout, then the mark does the
+//! handoff; the successor is told of its grant before any status write, and a
+//! controller that never wrote it grants the same slot and token to the same claim.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -203,4 +205,81 @@ async fn a_controller_that_never_answers_a_notice_costs_its_timeout_then_the_mar
         seen.iter().any(|l| l.annotations().contains_key(RELEASED_ANNOTATION)),
         "the release went through the claim's mark"
     );
+}
+
+/// The lock's designated successor: its claim and reserved token.
+fn successor(lock: &leasehold::api::DistributedLock) -> Option<(String, i64)> {
+    let s = lock.status.as_ref()?.successor.as_ref()?;
+    Some((s.claim.clone(), s.fencing_token))
+}
+
+#[tokio::test]
+async fn a_successor_is_granted_before_the_status_write_and_the_next_controller_grants_it_the_same_token() {
+    let ns = TestNs::new("direct").await;
+    // Controller A reaches the API server through a proxy the test black-holes.
+    let dir = std::env::temp_dir().join(format!("leasehold-test-direct-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
+    let through_proxy = leasehold::kubeconfig::client_for(&proxied).await.unwrap();
+    let port = free_port();
+    let opts = Options {
+        http_addr: Some(([127, 0, 0, 1], port).into()),
+        release_url: Some(release_url("127.0.0.1", port)),
+        ..Options::single("direct-a", Some(&ns.name))
+    };
+    let controller_a = spawn_controller_with(through_proxy, opts);
+    ns.lock("l", spec(4)).await;
+    let (a, b, c) = (ns.pod("a").await, ns.pod("b").await, ns.pod("c").await);
+    let first = lock_for(&ns, a).acquire().await.unwrap();
+    let lock_b = lock_for(&ns, b);
+    let waiter_b = tokio::spawn(async move { lock_b.acquire().await });
+    let designated = ns.wait_lock("l", "b designated", |l| successor(l).is_some()).await;
+    let (claim_b, reserved) = successor(&designated).unwrap();
+    let lock_c = lock_for(&ns, c);
+    let waiter_c = tokio::spawn(async move { lock_c.acquire().await });
+    ns.wait_lock("l", "c queued", |l| queue(l).len() == 2).await;
+    wait_for("b waiting at controller A", Duration::from_secs(10), || async {
+        let (_, metrics) = http(([127, 0, 0, 1], port).into(), "GET", "/metrics", "").await;
+        metrics.contains("leasehold_successors_waiting 1").then_some(())
+    })
+    .await;
+
+    // A can no longer write anything; a's release notice still reaches it.
+    proxy.black_hole();
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(20), waiter_b)
+        .await
+        .expect("b is told of its grant")
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.fencing_token(), reserved, "the token reserved for b");
+    let before_any_write = ns.locks().get("l").await.unwrap();
+    assert_eq!(holders(&before_any_write), ["a"], "b holds before any status lists it");
+    assert_eq!(successor(&before_any_write), Some((claim_b.clone(), reserved)));
+
+    // A dies with its status write unsent. B knows nothing of the direct grant, and
+    // grants the freed slot to b, with b's token, and to nobody else.
+    controller_a.abort();
+    let _controller_b = spawn_controller(&ns, "direct-b");
+    let after = ns.wait_lock("l", "b listed as holder", |l| holders(l) == ["b"]).await;
+    let granted: Vec<i64> = after
+        .status
+        .iter()
+        .flat_map(|s| &s.holders)
+        .map(|h| h.fencing_token)
+        .collect();
+    assert_eq!(granted, [reserved], "b's reserved token, issued once");
+    let (_, token_c) = successor(&after).expect("c designated next");
+    assert_eq!(queue(&after), ["c"]);
+    assert!(token_c > reserved);
+    assert!(!second.is_lost(), "b held throughout");
+    assert!(!waiter_c.is_finished(), "c still waits");
+    second.release().await.unwrap();
+    let third = tokio::time::timeout(Duration::from_secs(20), waiter_c)
+        .await
+        .expect("c is granted")
+        .unwrap()
+        .unwrap();
+    assert_eq!(third.fencing_token(), token_c);
+    third.release().await.unwrap();
 }
