@@ -295,19 +295,6 @@ impl Model {
                     .successor
                     .as_ref()
                     .is_some_and(|s| &s.claim == claim && s.fencing_token == token);
-                if direct && self.granted.iter().any(|p| &p.claim == claim) {
-                    // Its direct grant, now written: the same grant, not a new process.
-                    assert!(token > self.last_token, "token {token} not above {}", self.last_token);
-                    self.last_token = token;
-                    let c = self
-                        .f
-                        .claims
-                        .iter()
-                        .find(|c| &c.name == claim)
-                        .expect("granted a claim that is not there");
-                    self.grant_arrivals.push(c.arrival);
-                    continue;
-                }
                 assert!(token > self.last_token, "token {token} not above {}", self.last_token);
                 self.last_token = token;
                 let c = self
@@ -317,6 +304,9 @@ impl Model {
                     .find(|c| &c.name == claim)
                     .expect("granted a claim that is not there");
                 self.grant_arrivals.push(c.arrival);
+                if direct && self.granted.iter().any(|p| &p.claim == claim) {
+                    continue; // its direct grant, now written: the same grant, not a new process
+                }
                 self.granted.push(Process {
                     claim: claim.clone(),
                     uid: c.pod_uid.clone(),
