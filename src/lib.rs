@@ -3,7 +3,8 @@
 //! A `DistributedLock` custom resource ([`api`]) is granted to pods in arrival order by
 //! the controller ([`controller`]); every grant carries a strictly increasing fencing
 //! token. Pods ask with claim Leases and learn of their grant from a watch on the
-//! lock ([`client`]). The claim's format and the timing rules that make the handoff
+//! lock ([`client`]), or, next in line, from the controller directly
+//! ([`protocol::grant`]). The claim's format and the timing rules that make the handoff
 //! safe live in [`protocol`]; the grant rules themselves in the pure [`decide`] core.
 //!
 //! ```text
@@ -12,8 +13,10 @@
 //!    label leasehold.dev/lock=my-lock      decide (pure): queue, grant
 //!  renew every lease/3                     write DistributedLock.status ◀── resourceVersion
 //!  watch DistributedLock ◀───────────────    holders: [A, token 7]          precondition
-//!  "A holds, token 7" → work, fenced by 7    queue:   [B]
-//!  done → mark claim released ───────────▶ free slot, grant B token 8 ─────▶ B works
+//!  "A holds, token 7" → work, fenced by 7    queue:   [B]; successor: B, 8   B waits at the
+//!                                                                          controller
+//!  done → notice (or mark claim released) ▶ free slot: B's ── signed ─────▶ B works, 8
+//!                                           grant, then status write
 //!  A's pod gone / claim unrenewed / claim deleted by someone else:
 //!    revoke; a slot passes on only once A has certainly stopped
 //! ```
