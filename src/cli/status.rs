@@ -97,12 +97,16 @@ pub fn table(lock: &DistributedLock, now: Timestamp) -> String {
         );
     }
     for (i, w) in st.queue.iter().enumerate() {
+        // The successor's token is reserved: it is the one its grant will carry.
+        let reserved = st.successor.as_ref().filter(|s| s.claim == w.claim);
+        let (role, token) = match reserved {
+            Some(s) => ("next".to_string(), s.fencing_token.to_string()),
+            None => (format!("#{}", i + 1), "-".to_string()),
+        };
         let _ = writeln!(
             out,
-            "{:<8} {:<30} {:<8} {:<10} {}",
-            format!("#{}", i + 1),
+            "{role:<8} {:<30} {token:<8} {:<10} {}",
             w.pod,
-            "-",
             ago(&w.requested_at),
             w.claim
         );
@@ -147,5 +151,31 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("holder   a "), "{text}");
+    }
+
+    #[test]
+    fn the_table_shows_the_successor_with_its_reserved_token() {
+        let mut l = lock();
+        let status = l.status.as_mut().unwrap();
+        status.queue = serde_json::from_value(serde_json::json!([
+            {"claim": "db-2", "pod": "b", "podUID": "ub", "requestedAt": "2024-01-01T00:00:00Z"},
+            {"claim": "db-3", "pod": "c", "podUID": "uc", "requestedAt": "2024-01-01T00:00:00Z"},
+        ]))
+        .unwrap();
+        status.successor = Some(crate::api::Successor {
+            claim: "db-2".into(),
+            fencing_token: 8,
+        });
+        let text = render(l, Output::Table, Timestamp::now()).unwrap();
+        let row = |pod: &str| {
+            text.lines()
+                .find(|r| r.split_whitespace().nth(1) == Some(pod))
+                .unwrap_or_default()
+                .to_string()
+        };
+        let b: Vec<String> = row("b").split_whitespace().take(3).map(String::from).collect();
+        assert_eq!(b, ["next", "b", "8"], "{text}");
+        let c: Vec<String> = row("c").split_whitespace().take(3).map(String::from).collect();
+        assert_eq!(c, ["#2", "c", "-"], "{text}");
     }
 }
