@@ -306,6 +306,11 @@ pub struct Successor {
     /// The fencing token reserved for its grant. Counted in `fencingToken`; if the
     /// successor leaves without the grant, its token is never issued.
     pub fencing_token: i64,
+    /// The lease its process lives by, as its claim stated when it was designated: if
+    /// it may have been told of its grant and its claim is then gone, its slot is held
+    /// back for the longer of this and the lock's lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_duration_seconds: Option<i32>,
 }
 
 /// One claim waiting for the lock.

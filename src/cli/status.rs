@@ -165,6 +165,7 @@ mod tests {
         status.successor = Some(crate::api::Successor {
             claim: "db-2".into(),
             fencing_token: 8,
+            lease_duration_seconds: None,
         });
         let text = render(l, Output::Table, Timestamp::now()).unwrap();
         let row = |pod: &str| {

@@ -10,6 +10,9 @@ use crate::api::DistributedLock;
 use crate::protocol::grant::{GRANT_PATH, Grant, SIGNATURE_HEADER, TOKEN_HEADER, WaitFor};
 use crate::protocol::notice::endpoint;
 
+/// The least time between two waits for one designation.
+const REASK_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What a designation says: where to wait, whom to trust, for which grant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Designation {
@@ -58,6 +61,7 @@ impl Designation {
             claim: self.claim.clone(),
         };
         loop {
+            let sent = tokio::time::Instant::now();
             let head = match super::notice::post_json(uri.clone(), &body).await {
                 Ok(head) => head,
                 Err(e) => {
@@ -66,7 +70,12 @@ impl Designation {
                 }
             };
             match head.status.as_u16() {
-                204 => continue, // nothing yet: ask again
+                204 => {
+                    // Nothing yet: ask again (not in a tight loop if something answers
+                    // at once that should have held the request open).
+                    tokio::time::sleep_until(sent + REASK_AFTER).await;
+                    continue;
+                }
                 200 => {}
                 code => {
                     tracing::debug!(
@@ -192,6 +201,7 @@ mod tests {
             successor: Some(Successor {
                 claim: "c-1".into(),
                 fencing_token: 7,
+                lease_duration_seconds: None,
             }),
             release_url: Some(url.into()),
             grant_key: Some(key.public()),

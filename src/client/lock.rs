@@ -19,7 +19,7 @@ use super::watch::{LockWatch, Seen};
 use super::{Error, WaitStatus, identity_from_env};
 use crate::api::{DEFAULT_LEASE_DURATION_SECONDS, DistributedLock};
 use crate::protocol::timing::renew_interval;
-use crate::protocol::{PodIdentity, granted_token, still_grants};
+use crate::protocol::{PodIdentity, granted_token, held_back, still_grants};
 
 /// How long `try_acquire` waits for the controller to place its claim.
 pub const TRY_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -125,6 +125,8 @@ enum Mode {
 enum Outcome {
     Granted(i64),
     WouldBlock,
+    /// Listed as a revoked holder whose slot is held back, though never granted.
+    HeldBack,
 }
 
 // === impl Lock ===
@@ -207,10 +209,28 @@ impl Lock {
         // Watch first, so no status change between create and watch is missed.
         let lease = Duration::from_secs(secs.max(1) as u64);
         let mut events = LockWatch::start(locks, &self.name, renew_interval(lease));
-        let (session, renewal) = Session::create(leases, &self.name, &self.identity, secs).await?;
-        // If this future is dropped from here on, the claim is withdrawn.
-        let mut withdraw = Withdraw(Some(session.clone()));
-        let mut outcome = self.wait_grant(&mut events, &session, &mode, exists).await;
+        let (session, renewal, mut withdraw, mut outcome) = loop {
+            let (session, renewal) = Session::create(leases.clone(), &self.name, &self.identity, secs).await?;
+            // If this future is dropped from here on, the claim is withdrawn.
+            let mut withdraw = Withdraw(Some(session.clone()));
+            let outcome = self.wait_grant(&mut events, &session, &mode, exists).await;
+            if !matches!(outcome, Ok(Outcome::HeldBack)) {
+                break (session, renewal, withdraw, outcome);
+            }
+            // The lock holds a slot back for this claim as if its process might run (a
+            // stamp from a deleted incarnation of the lock that had designated it, or a
+            // forged mark), yet it was never granted: a valid release says so, freeing
+            // the slot, and a new claim waits on.
+            tracing::info!(
+                claim = session.claim,
+                "the claim is held back though never granted: claiming anew"
+            );
+            withdraw.0 = None;
+            withdraw_now(&session).await;
+            if matches!(mode, Mode::Try) {
+                return Ok(None);
+            }
+        };
         if let Ok(Outcome::Granted(_)) = outcome {
             // A waiter renews slowly: act only once its last write's deadline is ahead
             // (within the caller's time limit, if any: past it the grant is given back).
@@ -341,6 +361,9 @@ impl Lock {
             if let Some(token) = granted_token(&status, claim) {
                 session.set_release_url(status.release_url.as_deref());
                 return Ok(Outcome::Granted(token));
+            }
+            if held_back(&status, claim) {
+                return Ok(Outcome::HeldBack);
             }
             if matches!(mode, Mode::Try) && status.queue.iter().any(|w| w.claim == claim) {
                 return Ok(Outcome::WouldBlock);

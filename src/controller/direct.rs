@@ -18,6 +18,15 @@ use crate::protocol::grant::{Grant, GrantKey, WaitFor};
 /// successor asks again).
 pub const WAIT_LIMIT: Duration = Duration::from_secs(60);
 
+/// The most waits one claim may hold open at once (its client holds one; a retry may
+/// overlap the wait it replaces): more are answered [`Told::Busy`].
+pub const MAX_WAITS_PER_CLAIM: usize = 2;
+
+/// The most claims that may wait at once on one replica, so that requests from a
+/// misbehaving pod cannot grow its memory without bound: more are answered
+/// [`Told::Busy`].
+pub const MAX_WAITING_CLAIMS: usize = 4096;
+
 /// What a waiting successor is told.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Told {
@@ -27,6 +36,9 @@ pub enum Told {
     NotYet,
     /// This replica does not lead (or stopped leading): wait for the lock's status.
     NotLeader,
+    /// Too many waits are open (for this claim, or on this replica): wait for the
+    /// lock's status.
+    Busy,
 }
 
 /// Waits by (namespace, lock, claim).
@@ -69,13 +81,24 @@ impl Successors {
             let Some(waiting) = waiting.as_mut() else {
                 return Told::NotLeader;
             };
-            waiting.retain(|_, txs| {
+            let key = (w.namespace.clone(), w.lock.clone(), w.claim.clone());
+            let open = |txs: &mut Vec<oneshot::Sender<Told>>| {
                 txs.retain(|tx| !tx.is_closed());
                 !txs.is_empty()
-            });
+            };
+            if !waiting.contains_key(&key) && waiting.len() >= MAX_WAITING_CLAIMS {
+                waiting.retain(|_, txs| open(txs)); // only when full: amortised
+                if waiting.len() >= MAX_WAITING_CLAIMS {
+                    return Told::Busy;
+                }
+            }
+            let txs = waiting.entry(key).or_default();
+            open(txs);
+            if txs.len() >= MAX_WAITS_PER_CLAIM {
+                return Told::Busy;
+            }
             let (tx, rx) = oneshot::channel();
-            let key = (w.namespace.clone(), w.lock.clone(), w.claim.clone());
-            waiting.entry(key).or_default().push(tx);
+            txs.push(tx);
             rx
         };
         match tokio::time::timeout(WAIT_LIMIT, rx).await {
@@ -108,6 +131,25 @@ impl Successors {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Successors {
+        /// How many claims have a wait open.
+        fn claims_waiting(&self) -> usize {
+            let waiting = self.waiting.lock().unwrap();
+            waiting
+                .iter()
+                .flatten()
+                .filter(|(_, txs)| txs.iter().any(|tx| !tx.is_closed()))
+                .count()
+        }
+    }
+
+    /// Let spawned waits run until `n` claims wait.
+    async fn until_waiting(s: &Successors, n: usize) {
+        while s.claims_waiting() < n {
+            tokio::task::yield_now().await;
+        }
+    }
 
     fn wait_for(claim: &str) -> WaitFor {
         WaitFor {
@@ -158,5 +200,43 @@ mod tests {
         assert_eq!(s.wait(&wait_for("c-1")).await, Told::NotYet);
         assert_eq!(started.elapsed(), WAIT_LIMIT);
         assert!(!s.grant(&grant("c-1")), "the abandoned wait is gone");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_are_capped_per_claim_and_per_replica() {
+        let s = std::sync::Arc::new(Successors::default());
+        s.lead();
+        let mut open = Vec::new();
+        for _ in 0..MAX_WAITS_PER_CLAIM {
+            let s = s.clone();
+            open.push(tokio::spawn(async move { s.wait(&wait_for("c-1")).await }));
+        }
+        tokio::task::yield_now().await;
+        assert_eq!(
+            s.wait(&wait_for("c-1")).await,
+            Told::Busy,
+            "one claim's waits are capped"
+        );
+        // An abandoned wait makes room for another.
+        open.pop().unwrap().abort();
+        tokio::task::yield_now().await;
+        let again = {
+            let s = s.clone();
+            tokio::spawn(async move { s.wait(&wait_for("c-1")).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!again.is_finished(), "taken after an abandoned one closed");
+        for i in 0..MAX_WAITING_CLAIMS - 1 {
+            let s = s.clone();
+            open.push(tokio::spawn(async move { s.wait(&wait_for(&format!("x-{i}"))).await }));
+        }
+        until_waiting(&s, MAX_WAITING_CLAIMS).await;
+        assert_eq!(
+            s.wait(&wait_for("y")).await,
+            Told::Busy,
+            "the replica's waits are capped"
+        );
+        assert!(s.grant(&grant("c-1")), "those waiting are still told");
+        assert!(matches!(again.await.unwrap(), Told::Granted(9, _)));
     }
 }

@@ -6,7 +6,9 @@
 //! The controller therefore puts [`LOCK_FINALIZER`] on every lock whose claims are
 //! Leases before it grants anything, and when such a lock is deleted it first stamps
 //! each holder's claim with the holder's fencing token
-//! ([`crate::protocol::FENCING_TOKEN_ANNOTATION`]), then removes the finalizer, guarded
+//! ([`crate::protocol::FENCING_TOKEN_ANNOTATION`]), and the designated successor's
+//! with its reserved token (a controller may have told it of its grant before any
+//! status recorded it), then removes the finalizer, guarded
 //! by the resourceVersion of the status it stamped from (a grant written meanwhile
 //! makes it start over). The new incarnation's decide core keeps a claim stamped below
 //! its token epoch as a revoked holder, its slot held back until its process has
@@ -21,7 +23,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action as Requeue;
 
 use super::context::Context;
-use crate::api::DistributedLock;
+use crate::api::{DistributedLock, DistributedLockStatus};
 
 /// The finalizer the controller puts on locks whose claims are Leases.
 pub const LOCK_FINALIZER: &str = "leasehold.dev/fence-holders";
@@ -112,7 +114,16 @@ pub async fn ensure(ctx: &Context, api: &Api<DistributedLock>, current: &mut Dis
     }
 }
 
-/// A deleted lock: stamp its holders' claims (Lease backend), then let it go.
+/// The claims to stamp, with their tokens: every holder, and the designated successor,
+/// which a controller may have told of its grant before any status recorded it.
+fn to_stamp(status: &DistributedLockStatus) -> Vec<(&str, i64)> {
+    let holders = status.holders.iter().map(|h| (h.claim.as_str(), h.fencing_token));
+    let successor = status.successor.iter().map(|s| (s.claim.as_str(), s.fencing_token));
+    holders.chain(successor).collect()
+}
+
+/// A deleted lock: stamp its holders' and its successor's claims (Lease backend), then
+/// let it go.
 pub async fn retire(ctx: &Context, lock: &DistributedLock) -> Result<Requeue, Error> {
     let (ns, name) = (lock.namespace().unwrap_or_default(), lock.name_any());
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &ns);
@@ -127,20 +138,15 @@ pub async fn retire(ctx: &Context, lock: &DistributedLock) -> Result<Requeue, Er
     }
     if fresh.spec.etcd().is_none() {
         let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
-        for h in fresh.status.iter().flat_map(|s| &s.holders) {
-            let patch = crate::protocol::claim::stamp_patch(h.fencing_token);
+        for (claim, token) in fresh.status.as_ref().map(to_stamp).unwrap_or_default() {
+            let patch = crate::protocol::claim::stamp_patch(token);
             match leases
-                .patch(&h.claim, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => tracing::info!(
-                    lock = name,
-                    claim = h.claim,
-                    token = h.fencing_token,
-                    "stamped a holder of a deleted lock"
-                ),
+                Ok(_) => tracing::info!(lock = name, claim, token, "stamped a claim of a deleted lock"),
                 Err(kube::Error::Api(s)) if s.is_not_found() => {} // no claim, no process to fence
-                Err(e) => return Err(Error::Stamp(h.claim.clone(), e)),
+                Err(e) => return Err(Error::Stamp(claim.into(), e)),
             }
         }
     }
@@ -177,6 +183,22 @@ mod tests {
             again["metadata"]["finalizers"],
             serde_json::json!(["other", LOCK_FINALIZER])
         );
+    }
+
+    #[test]
+    fn holders_and_the_designated_successor_are_stamped() {
+        let status: DistributedLockStatus = serde_json::from_value(serde_json::json!({
+            "fencingToken": 9,
+            "holders": [
+                {"claim": "a", "pod": "a", "podUID": "ua", "fencingToken": 7, "grantedAt": "2024-01-01T00:00:00Z"},
+                {"claim": "b", "pod": "b", "podUID": "ub", "fencingToken": 8, "grantedAt": "2024-01-01T00:00:00Z"},
+            ],
+            "queue": [{"claim": "c", "pod": "c", "podUID": "uc", "requestedAt": "2024-01-01T00:00:00Z"}],
+            "successor": {"claim": "c", "fencingToken": 9},
+        }))
+        .unwrap();
+        assert_eq!(to_stamp(&status), [("a", 7), ("b", 8), ("c", 9)]);
+        assert_eq!(to_stamp(&DistributedLockStatus::default()), []);
     }
 
     #[test]

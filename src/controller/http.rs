@@ -64,6 +64,11 @@ fn router(metrics: Arc<Metrics>, notices: Arc<Notices>) -> Router {
                 None,
                 "this replica is not the leader: wait for the lock's status\n".to_string(),
             ),
+            Told::Busy => (
+                StatusCode::TOO_MANY_REQUESTS,
+                None,
+                "too many waits for grants are open: wait for the lock's status\n".to_string(),
+            ),
         }
     });
     let notices = Router::new()

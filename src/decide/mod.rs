@@ -39,6 +39,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{DistributedLockStatus, Holder, Revocation, RevokeReason, Successor, Waiter};
+use crate::protocol::timing::MAX_LEASE_SECONDS;
 pub use model::*;
 
 mod model;
@@ -265,7 +266,9 @@ fn decide_successor<'w>(
         &w.pod,
         ActionKind::Revoked(s.fencing_token, reason),
     ));
-    let lease = claim.map(|c| c.lease_seconds).filter(|l| *l > 0);
+    // Its claim gone, the lease it stated at its designation (unknown: the longest).
+    let lease = claim.map(|c| c.lease_seconds).or(s.lease_duration_seconds);
+    let lease = Some(lease.filter(|l| *l > 0).unwrap_or(MAX_LEASE_SECONDS));
     let holder = Holder {
         claim: w.claim.clone(),
         pod: w.pod.clone(),
@@ -417,17 +420,16 @@ fn grant(world: &World<'_>, d: &mut Decision) {
     }
     d.status.queue.drain(..granted);
     // Left waiting: every slot is taken. The head is designated, keeping its token.
-    d.status.successor = d.status.queue.first().map(|w| match reserved(&w.claim) {
-        Some(token) => Successor {
-            claim: w.claim.clone(),
-            fencing_token: token,
-        },
-        None => {
+    d.status.successor = d.status.queue.first().map(|w| {
+        let fencing_token = reserved(&w.claim).unwrap_or_else(|| {
             d.status.fencing_token += 1;
-            Successor {
-                claim: w.claim.clone(),
-                fencing_token: d.status.fencing_token,
-            }
+            d.status.fencing_token
+        });
+        let lease = world.claims.iter().find(|c| c.name == w.claim).map(|c| c.lease_seconds);
+        Successor {
+            claim: w.claim.clone(),
+            fencing_token,
+            lease_duration_seconds: lease.filter(|l| *l > 0),
         }
     });
 }

@@ -550,3 +550,28 @@ fn a_successor_that_withdrew_or_certainly_stopped_leaves_its_place_to_the_next()
         assert_eq!(d.delete_claims, ["b"]);
     }
 }
+
+#[test]
+fn a_held_back_successor_whose_claim_is_gone_keeps_the_lease_it_stated_at_its_designation() {
+    let mut f = lock().held_by("a").queued("b");
+    f.claims.iter_mut().find(|c| c.name == "b").unwrap().lease_seconds = 60;
+    let (designated, d) = f.then();
+    let s = d.status.successor.as_ref().unwrap();
+    assert_eq!(s.lease_duration_seconds, Some(60), "recorded at the designation");
+    // b may have been told of its grant; then its claim is gone (its pod force-deleted
+    // and garbage-collected), and the lock's lease is shortened.
+    let mut gone = designated.clone().claim_deleted("b").pod_force_deleted("b");
+    gone.spec.lease_duration_seconds = 10;
+    let d = gone.decide();
+    assert_eq!(d.holders(), ["a", "b"]);
+    assert_eq!(
+        d.status.holders[1].lease_duration_seconds,
+        Some(60),
+        "not the lock's 10 s"
+    );
+    // A designation that recorded no lease: held back for the longest there can be.
+    let mut unknown = designated.claim_deleted("b").pod_force_deleted("b");
+    unknown.status.successor.as_mut().unwrap().lease_duration_seconds = None;
+    let d = unknown.decide();
+    assert_eq!(d.status.holders[1].lease_duration_seconds, Some(MAX_LEASE_SECONDS));
+}

@@ -122,6 +122,12 @@ pub fn still_grants(status: &DistributedLockStatus, claim: &str, token: i64) -> 
         || designated.is_some_and(|s| s.claim == claim && s.fencing_token == token)
 }
 
+/// Whether `status` lists `claim` as a revoked holder whose slot is held back until its
+/// process has certainly stopped.
+pub fn held_back(status: &DistributedLockStatus, claim: &str) -> bool {
+    status.holders.iter().any(|h| h.claim == claim && h.revoked.is_some())
+}
+
 /// Whether `status` names `claim`, as a holder (revoked or not) or a waiter: whether
 /// the lock has yet to decide the claim's end.
 pub fn names_claim(status: &DistributedLockStatus, claim: &str) -> bool {

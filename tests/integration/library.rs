@@ -158,6 +158,57 @@ async fn a_holder_of_a_deleted_lock_keeps_its_slot_in_the_re_created_lock_until_
     assert!(b_token > token, "b's token {b_token} after a's {token}");
 }
 
+#[tokio::test]
+async fn the_successor_of_a_deleted_lock_is_stamped_and_never_granted_claims_anew_in_the_re_created_lock() {
+    let ns = TestNs::new("finalsucc").await;
+    let _c = spawn_controller(&ns, "finalsucc");
+    ns.lock("l", spec(30)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let guard_a = lock_for(ns.client.clone(), &ns, a).acquire().await.unwrap();
+    let lock_b = lock_for(ns.client.clone(), &ns, b);
+    let waiting = tokio::spawn(async move { lock_b.acquire().await });
+    let designated = ns
+        .wait_lock("l", "b designated", |l| {
+            l.status.as_ref().is_some_and(|s| s.successor.is_some())
+        })
+        .await;
+    let successor = designated.status.unwrap().successor.unwrap();
+    ns.locks().delete("l", &Default::default()).await.unwrap();
+    wait_for("the old lock gone", DEADLINE, || async {
+        ns.locks().get_opt("l").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    // A controller may have told b of its grant before any status said so: b's claim
+    // is fenced like a holder's, with its reserved token.
+    let stamped = leases(&ns).get(&successor.claim).await.unwrap();
+    let stamp = stamped
+        .annotations()
+        .get(leasehold::protocol::FENCING_TOKEN_ANNOTATION)
+        .cloned();
+    assert_eq!(
+        stamp,
+        Some(successor.fencing_token.to_string()),
+        "the deleted lock's successor is stamped with its reserved token"
+    );
+    tokio::time::timeout(DEADLINE, guard_a.lost())
+        .await
+        .expect("a's grant ends with its lock");
+    guard_a.release().await.expect("a says it stopped");
+    // The re-created lock holds b's stamped claim back as if b might run; b, never
+    // granted, says so with a valid release and waits on with a new claim.
+    ns.lock("l", spec(30)).await;
+    let guard_b = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("b is granted the re-created lock, not left behind its own held-back claim")
+        .unwrap()
+        .unwrap();
+    assert!(guard_b.fencing_token() > successor.fencing_token);
+    let lock = ns.wait_lock("l", "b holds", |l| holders(l) == ["b"]).await;
+    let status = lock.status.unwrap();
+    assert_ne!(status.holders[0].claim, successor.claim, "with a new claim");
+    assert!(status.holders.iter().all(|h| h.revoked.is_none()), "nothing held back");
+}
+
 /// The `spec.renewTime`s of claim `claim`, as seen until `n` distinct ones were.
 async fn renewals_seen(ns: &TestNs, claim: &str, n: usize) {
     let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
