@@ -93,7 +93,9 @@ YAML
 
 holder() { k get dlock -n "$NS" singleton -o jsonpath='{.status.holders[0].pod}'; }
 has_holder() { [ -n "$(holder)" ]; }
-token() { k get dlock -n "$NS" singleton -o jsonpath='{.status.fencingToken}'; }
+# The holder's own token: status.fencingToken also counts a token reserved for the
+# designated successor, which its grant then keeps.
+token() { k get dlock -n "$NS" singleton -o jsonpath='{.status.holders[0].fencingToken}'; }
 # hand_off: delete the holder pod and wait for another pod to hold with a higher token.
 hand_off() {
   local old t; old=$(holder); t=$(token)
