@@ -110,6 +110,20 @@ async fn a_waiter_whose_watch_stalls_is_granted_within_a_lease() {
     proxy.thaw();
 }
 
+/// Delete lock `l`, wait until it is gone, and read the fencing token stamped on `claim`.
+async fn delete_lock_and_read_stamp(ns: &TestNs, claim: &str) -> Option<String> {
+    ns.locks().delete("l", &Default::default()).await.unwrap();
+    wait_for("the old lock gone", DEADLINE, || async {
+        ns.locks().get_opt("l").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let stamped = leases(ns).get(claim).await.unwrap();
+    stamped
+        .annotations()
+        .get(leasehold::protocol::FENCING_TOKEN_ANNOTATION)
+        .cloned()
+}
+
 #[tokio::test]
 async fn a_holder_of_a_deleted_lock_keeps_its_slot_in_the_re_created_lock_until_it_stops() {
     let ns = TestNs::new("finalize").await;
@@ -121,16 +135,7 @@ async fn a_holder_of_a_deleted_lock_keeps_its_slot_in_the_re_created_lock_until_
     let renewing = keep_renewing(&ns, &claim_a, Duration::from_secs(2));
     let held = ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
     let token = held.status.as_ref().unwrap().holders[0].fencing_token;
-    ns.locks().delete("l", &Default::default()).await.unwrap();
-    wait_for("the old lock gone", DEADLINE, || async {
-        ns.locks().get_opt("l").await.unwrap().is_none().then_some(())
-    })
-    .await;
-    let stamped = leases(&ns).get(&claim_a).await.unwrap();
-    let stamp = stamped
-        .annotations()
-        .get(leasehold::protocol::FENCING_TOKEN_ANNOTATION)
-        .cloned();
+    let stamp = delete_lock_and_read_stamp(&ns, &claim_a).await;
     assert_eq!(
         stamp,
         Some(token.to_string()),
@@ -173,18 +178,9 @@ async fn the_successor_of_a_deleted_lock_is_stamped_and_never_granted_claims_ane
         })
         .await;
     let successor = designated.status.unwrap().successor.unwrap();
-    ns.locks().delete("l", &Default::default()).await.unwrap();
-    wait_for("the old lock gone", DEADLINE, || async {
-        ns.locks().get_opt("l").await.unwrap().is_none().then_some(())
-    })
-    .await;
     // A controller may have told b of its grant before any status said so: b's claim
     // is fenced like a holder's, with its reserved token.
-    let stamped = leases(&ns).get(&successor.claim).await.unwrap();
-    let stamp = stamped
-        .annotations()
-        .get(leasehold::protocol::FENCING_TOKEN_ANNOTATION)
-        .cloned();
+    let stamp = delete_lock_and_read_stamp(&ns, &successor.claim).await;
     assert_eq!(
         stamp,
         Some(successor.fencing_token.to_string()),
