@@ -150,7 +150,7 @@ impl DirectWait {
         }
     }
 
-    fn stop(&mut self) {
+    pub fn stop(&mut self) {
         if let Some((_, task)) = self.waiting.take() {
             task.abort();
         }

@@ -220,7 +220,8 @@ impl Lock {
             // The lock holds a slot back for this claim as if its process might run (a
             // stamp from a deleted incarnation of the lock that had designated it, or a
             // forged mark), yet it was never granted: a valid release says so, freeing
-            // the slot, and a new claim waits on.
+            // the slot (unless the controller deleted the claim first: then the slot is
+            // held back its lease), and a new claim waits on, at the back of the queue.
             tracing::info!(
                 claim = session.claim,
                 "the claim is held back though never granted: claiming anew"
@@ -338,6 +339,7 @@ impl Lock {
                     Some(Seen::Lock(lock)) => lock,
                     Some(Seen::Gone) if matches!(mode, Mode::Try) => return Err(Error::NoSuchLock(self.name.clone())),
                     Some(Seen::Gone) => {
+                        direct.stop(); // no grant of the deleted lock is taken from here on
                         progress.lock_missing(); // the claim waits for the lock to exist
                         continue;
                     }

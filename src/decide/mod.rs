@@ -266,9 +266,11 @@ fn decide_successor<'w>(
         &w.pod,
         ActionKind::Revoked(s.fencing_token, reason),
     ));
-    // Its claim gone, the lease it stated at its designation (unknown: the longest).
-    let lease = claim.map(|c| c.lease_seconds).or(s.lease_duration_seconds);
-    let lease = Some(lease.filter(|l| *l > 0).unwrap_or(MAX_LEASE_SECONDS));
+    // The longer of the lease its claim states and the one recorded at its designation
+    // (a claim patched meanwhile cannot shorten it); neither known: the longest.
+    let stated = claim.map(|c| c.lease_seconds).filter(|l| *l > 0);
+    let lease = stated.max(s.lease_duration_seconds.filter(|l| *l > 0));
+    let lease = Some(lease.unwrap_or(MAX_LEASE_SECONDS));
     let holder = Holder {
         claim: w.claim.clone(),
         pod: w.pod.clone(),
@@ -425,11 +427,14 @@ fn grant(world: &World<'_>, d: &mut Decision) {
             d.status.fencing_token += 1;
             d.status.fencing_token
         });
-        let lease = world.claims.iter().find(|c| c.name == w.claim).map(|c| c.lease_seconds);
+        // The lease its claim states, never lowered while it stays designated.
+        let stated = world.claims.iter().find(|c| c.name == w.claim).map(|c| c.lease_seconds);
+        let recorded = world.status.successor.as_ref().filter(|s| s.claim == w.claim);
+        let recorded = recorded.and_then(|s| s.lease_duration_seconds);
         Successor {
             claim: w.claim.clone(),
             fencing_token,
-            lease_duration_seconds: lease.filter(|l| *l > 0),
+            lease_duration_seconds: stated.filter(|l| *l > 0).max(recorded),
         }
     });
 }

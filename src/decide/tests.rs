@@ -569,6 +569,19 @@ fn a_held_back_successor_whose_claim_is_gone_keeps_the_lease_it_stated_at_its_de
         Some(60),
         "not the lock's 10 s"
     );
+    // Its claim patched to a shorter lease: neither the designation nor the hold-back
+    // takes it.
+    let mut patched = designated.clone();
+    patched.claims.iter_mut().find(|c| c.name == "b").unwrap().lease_seconds = 5;
+    let (patched, d) = patched.then();
+    assert_eq!(d.status.successor.as_ref().unwrap().lease_duration_seconds, Some(60));
+    let d = patched.forged("b").decide();
+    assert_eq!(d.holders(), ["a", "b"]);
+    assert_eq!(
+        d.status.holders[1].lease_duration_seconds,
+        Some(60),
+        "not the patched 5 s"
+    );
     // A designation that recorded no lease: held back for the longest there can be.
     let mut unknown = designated.claim_deleted("b").pod_force_deleted("b");
     unknown.status.successor.as_mut().unwrap().lease_duration_seconds = None;
