@@ -150,6 +150,7 @@ impl DirectWait {
         }
     }
 
+    /// Stop waiting: no direct grant is taken until the next [`DirectWait::follow`].
     pub fn stop(&mut self) {
         if let Some((_, task)) = self.waiting.take() {
             task.abort();

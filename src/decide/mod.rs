@@ -84,12 +84,24 @@ fn liveness(world: &World<'_>, pod: &str, uid: &str) -> Liveness {
 fn drop_reason(l: Liveness) -> Option<DropReason> {
     match l {
         Liveness::Alive => None,
-        Liveness::Stopped(r) | Liveness::Unknown(r) => Some(match r {
-            RevokeReason::PodReplaced => DropReason::PodReplaced,
-            RevokeReason::PodFinished => DropReason::PodFinished,
-            _ => DropReason::PodGone,
-        }),
+        Liveness::Stopped(r) | Liveness::Unknown(r) => Some(dropped_for(r)),
     }
+}
+
+/// Why a waiter leaves the queue, for the reason a grant would have been revoked.
+fn dropped_for(r: RevokeReason) -> DropReason {
+    match r {
+        RevokeReason::Expired => DropReason::Expired,
+        RevokeReason::PodReplaced => DropReason::PodReplaced,
+        RevokeReason::PodFinished => DropReason::PodFinished,
+        _ => DropReason::PodGone,
+    }
+}
+
+/// The lease claim `name` states, if it is observed with one.
+fn stated_lease(world: &World<'_>, name: &str) -> Option<i32> {
+    let claim = world.claims.iter().find(|c| c.name == name)?;
+    Some(claim.lease_seconds).filter(|l| *l > 0)
 }
 
 /// Compute the lock's next status and the actions that lead there.
@@ -252,12 +264,7 @@ fn decide_successor<'w>(
         d.delete_claims.push(w.claim.clone());
     }
     if !held_back {
-        let why = match reason {
-            RevokeReason::Expired => DropReason::Expired,
-            RevokeReason::PodReplaced => DropReason::PodReplaced,
-            RevokeReason::PodFinished => DropReason::PodFinished,
-            _ => DropReason::PodGone,
-        };
+        let why = dropped_for(reason);
         d.actions.push(Action::new(&w.claim, &w.pod, ActionKind::Dropped(why)));
         return (None, None);
     }
@@ -391,10 +398,9 @@ fn decide_queue<'w>(
 /// reserved for it), then designate the head of what is left while every slot is taken.
 fn grant(world: &World<'_>, d: &mut Decision) {
     let max = usize::try_from(world.spec.max_holders.max(1)).unwrap_or(1);
-    let reserved = |claim: &str| {
-        let s = world.status.successor.as_ref().filter(|s| s.claim == claim);
-        s.map(|s| s.fencing_token)
-    };
+    // The standing designation of `claim`, if it has one.
+    let designated = |claim: &str| world.status.successor.as_ref().filter(|s| s.claim == claim);
+    let reserved = |claim: &str| designated(claim).map(|s| s.fencing_token);
     let mut granted = 0;
     while d.status.holders.len() < max && granted < d.status.queue.len() {
         let w = &d.status.queue[granted];
@@ -406,14 +412,13 @@ fn grant(world: &World<'_>, d: &mut Decision) {
             }
         };
         granted += 1;
-        let lease = world.claims.iter().find(|c| c.name == w.claim).map(|c| c.lease_seconds);
         d.status.holders.push(Holder {
             claim: w.claim.clone(),
             pod: w.pod.clone(),
             pod_uid: w.pod_uid.clone(),
             fencing_token: token,
             granted_at: Time(world.now),
-            lease_duration_seconds: lease.filter(|l| *l > 0),
+            lease_duration_seconds: stated_lease(world, &w.claim),
             release_hash: w.release_hash.clone(),
             revoked: None,
         });
@@ -428,13 +433,11 @@ fn grant(world: &World<'_>, d: &mut Decision) {
             d.status.fencing_token
         });
         // The lease its claim states, never lowered while it stays designated.
-        let stated = world.claims.iter().find(|c| c.name == w.claim).map(|c| c.lease_seconds);
-        let recorded = world.status.successor.as_ref().filter(|s| s.claim == w.claim);
-        let recorded = recorded.and_then(|s| s.lease_duration_seconds);
+        let recorded = designated(&w.claim).and_then(|s| s.lease_duration_seconds);
         Successor {
             claim: w.claim.clone(),
             fencing_token,
-            lease_duration_seconds: stated.filter(|l| *l > 0).max(recorded),
+            lease_duration_seconds: stated_lease(world, &w.claim).max(recorded),
         }
     });
 }
