@@ -367,9 +367,10 @@ async fn eight_runs_take_turns_in_request_order_with_increasing_tokens() {
         children.push(run(kubeconfig(), &ns, &pod, &dir, &[], SECTION));
         // Request order is the order in which the controller saw the claims.
         ns.wait_lock("l", "claim seen", |l| {
-            // Every claim seen so far was either granted (one token each) or is queued.
+            // Every claim seen so far was either granted (one token each) or is queued
+            // (the successor's reserved token is not a grant: it is counted as queued).
             let st = l.status.clone().unwrap_or_default();
-            last_token(l) as usize + st.queue.len() > i
+            last_granted(l) as usize + st.queue.len() > i
         })
         .await;
     }

@@ -264,6 +264,19 @@ pub fn last_token(lock: &DistributedLock) -> i64 {
     lock.status.as_ref().map_or(0, |s| s.fencing_token) - epoch(lock)
 }
 
+/// The last fencing token granted to a holder, counted from the lock's epoch: unlike
+/// `status.fencingToken`, it leaves out the token reserved for the successor, who is
+/// also counted in the queue.
+pub fn last_granted(lock: &DistributedLock) -> i64 {
+    let reserved = lock
+        .status
+        .as_ref()
+        .and_then(|s| s.successor.as_ref())
+        .map(|s| s.fencing_token);
+    let last = lock.status.as_ref().map_or(0, |s| s.fencing_token);
+    last - i64::from(reserved == Some(last)) - epoch(lock)
+}
+
 /// Reasons of the Kubernetes events about `object` in the namespace.
 pub async fn event_reasons(ns: &TestNs, object: &str) -> Vec<String> {
     let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(ns.client.clone(), &ns.name);
