@@ -14,6 +14,12 @@
 //! its token epoch as a revoked holder, its slot held back until its process has
 //! stopped ([`crate::decide`]).
 //!
+//! Until then the deleted lock is decided on as *closing*: nothing is granted, and its
+//! holders are judged as ever, so a slot held back (a holder whose pod was
+//! force-deleted, or whose claim was taken away, and whose process may run on) runs
+//! out its hold-back before the lock goes ([`holds_back`]). A stamp could not carry
+//! such a holder over: its claim is gone, or goes with its pod.
+//!
 //! Stamping at deletion rather than at every grant saves one API write per grant; the
 //! finalizer costs one write per lock's lifetime.
 
@@ -24,6 +30,10 @@ use kube::runtime::controller::Action as Requeue;
 
 use super::context::Context;
 use crate::api::{DistributedLock, DistributedLockStatus};
+
+/// How soon a deleted lock found holding a slot back at its retirement is looked at
+/// again (its reconcile requeues itself for the hold-back's end; this is a backstop).
+const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The finalizer the controller puts on locks whose claims are Leases.
 pub const LOCK_FINALIZER: &str = "leasehold.dev/fence-holders";
@@ -114,6 +124,13 @@ pub async fn ensure(ctx: &Context, api: &Api<DistributedLock>, current: &mut Dis
     }
 }
 
+/// Whether `status` holds a slot back: a revoked holder whose process may still run.
+/// A deleted lock is not let go then: the claim may vanish (pod GC) before a re-created
+/// lock could see a stamp on it, so the hold-back is run out first.
+pub fn holds_back(status: Option<&DistributedLockStatus>) -> bool {
+    status.is_some_and(|s| s.holders.iter().any(|h| h.revoked.is_some()))
+}
+
 /// The claims to stamp, with their tokens: every holder, and the designated successor,
 /// which a controller may have told of its grant before any status recorded it.
 fn to_stamp(status: &DistributedLockStatus) -> Vec<(&str, i64)> {
@@ -135,6 +152,10 @@ pub async fn retire(ctx: &Context, lock: &DistributedLock) -> Result<Requeue, Er
     };
     if !has_finalizer(&fresh) {
         return Ok(Requeue::await_change());
+    }
+    if fresh.spec.etcd().is_none() && holds_back(fresh.status.as_ref()) {
+        // Written since the caller looked (another replica): decide on it again.
+        return Ok(Requeue::requeue(RECHECK));
     }
     if fresh.spec.etcd().is_none() {
         let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);

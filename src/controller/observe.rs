@@ -152,6 +152,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         hold_back_elapsed: &elapsed,
         now: wall,
         token_floor: wall.as_microsecond().max(created),
+        closing: lock.metadata.deletion_timestamp.is_some(),
     };
     let mut decision = decide(&world);
     decision.delete_claims.retain(|c| !gone_names.contains(c)); // deleted already

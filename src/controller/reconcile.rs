@@ -5,7 +5,8 @@
 //! that was read, so two controllers can never both grant from the same state; on a
 //! conflict the lock is re-read and decided again. Events and claim deletion follow
 //! only a successful write. A lock carries the controller's finalizer before anything
-//! is granted, and a deleted one is let go only once its holders' claims are stamped
+//! is granted; a deleted one is decided on as *closing* (nothing granted) until no
+//! slot is held back, and let go once its holders' claims are stamped
 //! ([`super::finalizer`]).
 
 use std::sync::Arc;
@@ -85,7 +86,10 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         .lock()
         .await;
     let _ = ctx.synced.clone().wait_for(|synced| *synced).await;
-    if lock.metadata.deletion_timestamp.is_some() {
+    // A deleted lock with the finalizer is decided on (closing) until no slot is held
+    // back; one without has nothing to fence.
+    let fenced = lock.spec.etcd().is_none() && super::finalizer::has_finalizer(&lock);
+    if lock.metadata.deletion_timestamp.is_some() && !fenced {
         return Ok(super::finalizer::retire(&ctx, &lock).await?);
     }
     if let Some(backend) = lock.spec.etcd() {
@@ -104,9 +108,6 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         return Ok(Requeue::await_change());
     }
     for _ in 0..MAX_CONFLICT_RETRIES {
-        if current.metadata.deletion_timestamp.is_some() {
-            return Ok(super::finalizer::retire(&ctx, &current).await?);
-        }
         let plan = plan(&current, &ctx, Instant::now());
         if renewed_unseen(&ctx, &ns, &plan).await? {
             continue; // the watch lags: plan again with what the fresh reads showed
@@ -125,6 +126,13 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         }
         after_write(&ctx, &current, &plan);
         ctx.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
+        if current.metadata.deletion_timestamp.is_some() {
+            // `current` is the lock before the write: judge by the status written.
+            if !super::finalizer::holds_back(Some(&plan.decision.status)) {
+                return Ok(super::finalizer::retire(&ctx, &current).await?);
+            }
+            tracing::info!("deleted, but a slot is held back: the lock goes once the hold-back is over");
+        }
         // A claim to delete is looked at again once its deletion may have failed, even
         // on a lock with nothing else to wait for.
         let deletes = (!plan.decision.delete_claims.is_empty()).then(|| Instant::now() + super::written::DELETE_RETRY);

@@ -32,6 +32,9 @@
 //! * Tokens are an epoch (taken once, from the caller's clock, when the lock is first
 //!   decided) plus a count, so a lock re-created under the same name never issues a
 //!   token an older incarnation issued.
+//! * A lock being deleted (*closing*) grants nothing and designates no one new, but
+//!   judges its holders as ever: the caller lets it go only once no slot is held back,
+//!   so no process that may still run is forgotten with it.
 //! * Deciding again on the same observation changes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -400,6 +403,12 @@ fn grant(world: &World<'_>, d: &mut Decision) {
     let max = usize::try_from(world.spec.max_holders.max(1)).unwrap_or(1);
     // The standing designation of `claim`, if it has one.
     let designated = |claim: &str| world.status.successor.as_ref().filter(|s| s.claim == claim);
+    if world.closing {
+        // Being deleted: no grant, no new designation. A standing one stays (its
+        // successor may have been told of its grant), to be stamped with its token.
+        d.status.successor = d.status.queue.first().and_then(|w| designated(&w.claim)).cloned();
+        return;
+    }
     let reserved = |claim: &str| designated(claim).map(|s| s.fencing_token);
     let mut granted = 0;
     while d.status.holders.len() < max && granted < d.status.queue.len() {

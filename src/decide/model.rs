@@ -84,6 +84,10 @@ pub struct World<'a> {
     /// The epoch a lock's tokens start from when its status has none yet: the caller's
     /// clock in microseconds, no earlier than the lock's creation.
     pub token_floor: i64,
+    /// The lock is being deleted: nothing is granted and no successor newly designated,
+    /// while its holders are judged as ever (so a held-back slot runs out its hold-back
+    /// before the lock may go).
+    pub closing: bool,
 }
 
 /// Why a waiter left the queue without being granted.

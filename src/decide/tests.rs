@@ -16,6 +16,7 @@ pub(super) struct Fixture {
     pub elapsed: BTreeSet<String>,
     pub stopped: StoppedPods,
     pub token_floor: i64,
+    pub closing: bool,
     seq: u64,
 }
 
@@ -29,6 +30,7 @@ pub(super) fn lock() -> Fixture {
         elapsed: BTreeSet::new(),
         stopped: StoppedPods::new(),
         token_floor: 0,
+        closing: false,
         seq: 0,
     }
 }
@@ -164,6 +166,12 @@ impl Fixture {
         self
     }
 
+    /// The lock is being deleted.
+    pub fn closing(mut self) -> Self {
+        self.closing = true;
+        self
+    }
+
     pub fn hold_back_elapsed(mut self, claim: &str) -> Self {
         self.elapsed.insert(claim.into());
         self
@@ -179,6 +187,7 @@ impl Fixture {
             hold_back_elapsed: &self.elapsed,
             now: Timestamp::UNIX_EPOCH,
             token_floor: self.token_floor,
+            closing: self.closing,
         })
     }
 
@@ -587,4 +596,43 @@ fn a_held_back_successor_whose_claim_is_gone_keeps_the_lease_it_stated_at_its_de
     unknown.status.successor.as_mut().unwrap().lease_duration_seconds = None;
     let d = unknown.decide();
     assert_eq!(d.status.holders[1].lease_duration_seconds, Some(MAX_LEASE_SECONDS));
+}
+
+#[test]
+fn a_closing_lock_grants_nothing_and_keeps_only_a_standing_designation() {
+    let d = lock().closing().claims("a").decide();
+    assert!(d.granted().is_empty(), "a free slot is not granted: {:?}", d.actions);
+    assert_eq!(d.queue(), ["a"]);
+    assert_eq!(successor(&d), None, "nobody is newly designated");
+
+    let (f, _) = lock().held_by("a").queued("b").queued("c").then();
+    let d = f.clone().closing().released("a").decide();
+    assert!(d.holders().is_empty(), "the release frees the slot");
+    assert!(d.granted().is_empty(), "but the freed slot goes to no one");
+    assert_eq!(
+        successor(&d),
+        Some(("b", 2)),
+        "the standing designation stays, with its token"
+    );
+    let d = f.closing().released("b").decide();
+    assert_eq!(successor(&d), None, "the next in line is not designated");
+    assert_eq!(d.queue(), ["c"]);
+}
+
+#[test]
+fn a_closing_lock_runs_out_a_held_back_slot_as_ever() {
+    // a's pod is force-deleted: its process may run on, so its slot is held back; the
+    // lock may go only once no slot is held back.
+    let (f, d) = lock().closing().held_by("a").queued("b").pod_force_deleted("a").then();
+    assert_eq!(d.revoked(), [("a", RevokeReason::PodGone)]);
+    assert!(d.status.holders[0].revoked.is_some(), "held back while closing too");
+    let (f, d) = f.then();
+    assert!(
+        d.actions.is_empty(),
+        "nothing changes before the delay: {:?}",
+        d.actions
+    );
+    let d = f.hold_back_elapsed("a").decide();
+    assert!(d.holders().is_empty(), "the hold-back ran out: nothing held back");
+    assert!(d.granted().is_empty());
 }

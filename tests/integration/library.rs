@@ -205,6 +205,65 @@ async fn the_successor_of_a_deleted_lock_is_stamped_and_never_granted_claims_ane
     assert!(status.holders.iter().all(|h| h.revoked.is_none()), "nothing held back");
 }
 
+#[tokio::test]
+async fn a_deleted_lock_runs_out_a_held_back_slot_before_it_goes() {
+    let ns = TestNs::new("finalheld").await;
+    let _c = spawn_controller(&ns, "finalheld");
+    let lease = 4;
+    ns.lock("l", spec(lease)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    // a's process renews its claim until its node stops answering.
+    let claim_a = claim(&ns, "l", &a, lease).await;
+    let renewing = keep_renewing(&ns, &claim_a, Duration::from_millis(500));
+    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    let lock_b = lock_for(ns.client.clone(), &ns, b);
+    let waiting = tokio::spawn(async move { lock_b.acquire().await });
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    renewing.abort();
+    // a's last renewal was sent before now: its process stops by this deadline.
+    let a_stops_by =
+        leasehold::protocol::timing::client_stop_by(std::time::Instant::now(), Duration::from_secs(lease as u64));
+    // Its pod is force-deleted (no kubelet says its containers stopped), and its claim
+    // goes with it (pod GC): a's slot is held back, as its process may run on.
+    ns.delete_pod("a").await;
+    let _ = leases(&ns).delete(&claim_a, &Default::default()).await;
+    ns.wait_lock("l", "a's slot held back", |l| {
+        l.status
+            .as_ref()
+            .is_some_and(|s| s.holders.first().is_some_and(|h| h.revoked.is_some()))
+    })
+    .await;
+    // The lock is deleted and re-created: a's claim is gone, so no stamp could carry
+    // the hold-back over. The old lock runs it out before it goes, granting nothing.
+    ns.locks().delete("l", &Default::default()).await.unwrap();
+    let closing = ns
+        .locks()
+        .get("l")
+        .await
+        .expect("the deleted lock waits for the hold-back");
+    assert!(
+        holders(&closing).iter().all(|h| h != "b"),
+        "a closing lock grants nothing"
+    );
+    wait_for("the old lock gone", DEADLINE, || async {
+        ns.locks().get_opt("l").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    ns.lock("l", spec(lease)).await;
+    let guard_b = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("b is granted the re-created lock")
+        .unwrap()
+        .unwrap();
+    let granted = std::time::Instant::now();
+    assert!(
+        granted >= a_stops_by,
+        "b was granted {:?} before a's process had certainly stopped",
+        a_stops_by - granted
+    );
+    guard_b.release().await.unwrap();
+}
+
 /// The `spec.renewTime`s of claim `claim`, as seen until `n` distinct ones were.
 async fn renewals_seen(ns: &TestNs, claim: &str, n: usize) {
     let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
