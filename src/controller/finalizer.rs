@@ -35,6 +35,10 @@ use crate::api::{DistributedLock, DistributedLockStatus};
 /// again (its reconcile requeues itself for the hold-back's end; this is a backstop).
 const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How many write conflicts adding the finalizer rides out before the reconcile fails
+/// (and is retried).
+const MAX_ADD_ATTEMPTS: usize = 8;
+
 /// The finalizer the controller puts on locks whose claims are Leases.
 pub const LOCK_FINALIZER: &str = "leasehold.dev/fence-holders";
 
@@ -98,30 +102,34 @@ fn finalizers_patch(lock: &DistributedLock, on: bool) -> serde_json::Value {
 
 /// Put the finalizer on `current` before anything is granted. Returns whether the lock
 /// is still there; `current` becomes the lock as written (or re-read after a conflict).
-pub async fn ensure(ctx: &Context, api: &Api<DistributedLock>, current: &mut DistributedLock) -> Result<bool, Error> {
-    if has_finalizer(current) {
-        return Ok(true);
-    }
+pub async fn ensure(
+    written: &super::written::Written,
+    api: &Api<DistributedLock>,
+    current: &mut DistributedLock,
+) -> Result<bool, Error> {
     let name = current.name_any();
-    let patch = finalizers_patch(current, true);
-    match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-        Ok(written) => {
-            ctx.written
-                .record(current.metadata.resource_version.clone(), written.clone());
-            *current = written;
-            Ok(true)
-        }
-        Err(kube::Error::Api(s)) if s.is_conflict() => match api.get_opt(&name).await {
-            Ok(Some(fresh)) => {
-                *current = fresh;
-                Ok(true)
+    let mut attempts = 0;
+    while !has_finalizer(current) {
+        let patch = finalizers_patch(current, true);
+        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(now) => {
+                written.record(current.metadata.resource_version.clone(), now.clone());
+                *current = now;
             }
-            Ok(None) => Ok(false),
-            Err(e) => Err(Error::Read(name, e)),
-        },
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
-        Err(e) => Err(Error::Add(name, e)),
+            // Written meanwhile: look again (the re-read may lack the finalizer still).
+            Err(kube::Error::Api(s)) if s.is_conflict() && attempts < MAX_ADD_ATTEMPTS => {
+                attempts += 1;
+                match api.get_opt(&name).await {
+                    Ok(Some(fresh)) => *current = fresh,
+                    Ok(None) => return Ok(false),
+                    Err(e) => return Err(Error::Read(name, e)),
+                }
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(false),
+            Err(e) => return Err(Error::Add(name, e)),
+        }
     }
+    Ok(true)
 }
 
 /// Whether `status` holds a slot back: a revoked holder whose process may still run.
@@ -166,7 +174,10 @@ pub async fn retire(ctx: &Context, lock: &DistributedLock) -> Result<Requeue, Er
                 .await
             {
                 Ok(_) => tracing::info!(lock = name, claim, token, "stamped a claim of a deleted lock"),
-                Err(kube::Error::Api(s)) if s.is_not_found() => {} // no claim, no process to fence
+                // Gone since the last decision (force-deleted, or with its pod): its
+                // process may run on. Decide again, which holds its slot back (or
+                // sees its release), before the lock may go.
+                Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(Requeue::requeue(RECHECK)),
                 Err(e) => return Err(Error::Stamp(claim.into(), e)),
             }
         }
@@ -189,6 +200,52 @@ mod tests {
         l.metadata.finalizers = Some(finalizers.iter().map(|f| f.to_string()).collect());
         l.metadata.resource_version = Some("7".into());
         l
+    }
+
+    /// An API whose answers to PATCH and GET are taken, in order, from `answers`
+    /// (status code, body), counting the PATCHes.
+    fn scripted(
+        answers: Vec<(u16, serde_json::Value)>,
+    ) -> (Api<DistributedLock>, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        let answers = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(answers)));
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            log.lock().unwrap().push(req.method().to_string());
+            let (code, body) = answers.lock().unwrap().pop_front().expect("an unscripted request");
+            async move {
+                let response = http::Response::builder()
+                    .status(code)
+                    .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())));
+                Ok::<_, std::convert::Infallible>(response.unwrap())
+            }
+        });
+        (Api::namespaced(kube::Client::new(service, "ns"), "ns"), seen)
+    }
+
+    #[tokio::test]
+    async fn adding_the_finalizer_rides_out_a_conflict_whose_re_read_still_lacks_it() {
+        let mut bare = lock(&[]);
+        bare.metadata.namespace = Some("ns".into());
+        let conflict = serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "Conflict", "code": 409, "message": "the object has been modified",
+        });
+        let mut re_read = bare.clone();
+        re_read.metadata.resource_version = Some("8".into());
+        let mut with = re_read.clone();
+        with.metadata.finalizers = Some(vec![LOCK_FINALIZER.into()]);
+        with.metadata.resource_version = Some("9".into());
+        let (api, seen) = scripted(vec![
+            (409, conflict),
+            (200, serde_json::to_value(&re_read).unwrap()),
+            (200, serde_json::to_value(&with).unwrap()),
+        ]);
+        let mut current = bare;
+        let there = ensure(&Default::default(), &api, &mut current).await.unwrap();
+        assert!(there);
+        assert!(has_finalizer(&current), "nothing is granted before the finalizer is on");
+        assert_eq!(*seen.lock().unwrap(), ["PATCH", "GET", "PATCH"]);
     }
 
     #[test]

@@ -104,7 +104,7 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
     let mut current = ctx.written.fresher(&lock);
     // Nothing is granted before the finalizer is on: a deleted lock's holders must be
     // stamped before it goes (see `finalizer`).
-    if !super::finalizer::ensure(&ctx, &api, &mut current).await? {
+    if !super::finalizer::ensure(&ctx.written, &api, &mut current).await? {
         return Ok(Requeue::await_change());
     }
     for _ in 0..MAX_CONFLICT_RETRIES {
@@ -131,7 +131,7 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
             if !super::finalizer::holds_back(Some(&plan.decision.status)) {
                 return Ok(super::finalizer::retire(&ctx, &current).await?);
             }
-            tracing::info!("deleted, but a slot is held back: the lock goes once the hold-back is over");
+            tracing::info!("deleted, but a slot is held back: the lock goes once no slot is held back");
         }
         // A claim to delete is looked at again once its deletion may have failed, even
         // on a lock with nothing else to wait for.
