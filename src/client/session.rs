@@ -22,7 +22,7 @@ use super::Error;
 use crate::protocol::claim::{self, PodIdentity};
 use crate::protocol::release::Secret;
 use crate::protocol::timing::{
-    client_stop_by, renew_interval, renew_timeout, safety_margin, wait_lease, wait_renew_interval,
+    client_stop_by, renew_interval, renew_retry_max, renew_timeout, safety_margin, wait_lease, wait_renew_interval,
 };
 
 /// Where a claim's session stands.
@@ -154,10 +154,7 @@ impl Session {
         let obj = claim::claim_lease_with(&name, lock, identity, lease_secs, Some(&secret));
         // The first deadline counts from when the create was sent, like every renewal's.
         let sent = Instant::now();
-        let created = leases
-            .create(&PostParams::default(), &obj)
-            .await
-            .map_err(Error::CreateClaim)?;
+        let created = create_or_withdraw(&leases, &name, obj, &secret).await?;
         let renewer = KubeRenewer {
             leases: leases.clone(),
             name: name.clone(),
@@ -321,6 +318,33 @@ impl Session {
     }
 }
 
+/// Create the claim `obj` (named `name`, released with `secret`). The request runs on a
+/// task of its own: if this future is dropped while it is out (a caller's timeout
+/// around `acquire`), the claim may still be created, with nobody to renew or withdraw
+/// it, and would wait in the queue until it expired; the task then withdraws it.
+async fn create_or_withdraw(leases: &Api<Lease>, name: &str, obj: Lease, secret: &Secret) -> Result<Lease, Error> {
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    let (leases, name, secret) = (leases.clone(), name.to_string(), secret.clone());
+    tokio::spawn(async move {
+        let created = leases.create(&PostParams::default(), &obj).await;
+        if let Err(Ok(_)) = answer.send(created) {
+            match mark_released(&leases, &name, &secret).await {
+                Ok(()) => tracing::info!(claim = name, "withdrew a claim created after its acquire was dropped"),
+                Err(e) => {
+                    tracing::warn!(claim = name, error = %e, "withdrawing a claim created after its acquire was dropped failed; it will expire")
+                }
+            }
+        }
+    });
+    match answered.await {
+        Ok(created) => created.map_err(Error::CreateClaim),
+        // The task was cancelled: the runtime is shutting down.
+        Err(_) => Err(Error::CreateClaim(kube::Error::Service(Box::new(
+            std::io::Error::other("the claim's create task ended without an answer"),
+        )))),
+    }
+}
+
 /// Mark a claim released; a claim that is already gone counts as released.
 async fn mark_released(leases: &Api<Lease>, name: &str, secret: &Secret) -> Result<(), Error> {
     let patch = Patch::Merge(claim::release_patch_with(secret));
@@ -384,7 +408,7 @@ async fn renew(session: Arc<Session>, created_sent: Instant, mut renewer: impl R
                 };
                 tracing::warn!(claim = name, error, "renewal failed; retrying");
                 retry_at = Some(Instant::now() + backoff);
-                backoff = (backoff * 2).min(renew_interval(lease));
+                backoff = (backoff * 2).min(renew_retry_max(lease));
             }
         }
     }
@@ -458,6 +482,77 @@ mod tests {
             Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(lease.to_string()))))
         });
         Api::namespaced(kube::Client::new(service, "ns"), "ns")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_created_after_its_acquire_was_dropped_is_withdrawn() {
+        // The create is answered after 200 ms; every PATCH's body is reported.
+        let (tx, mut patches) = tokio::sync::mpsc::unbounded_channel();
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let tx = tx.clone();
+            async move {
+                let is_post = req.method() == http::Method::POST;
+                let body = http_body_util::BodyExt::collect(req.into_body())
+                    .await
+                    .unwrap()
+                    .to_bytes();
+                if is_post {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                } else {
+                    tx.send(String::from_utf8_lossy(&body).into_owned()).unwrap();
+                }
+                let lease = serde_json::json!({
+                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": { "name": "l-1", "namespace": "ns", "resourceVersion": "1" },
+                });
+                Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(lease.to_string()))))
+            }
+        });
+        let leases = Api::namespaced(kube::Client::new(service, "ns"), "ns");
+        let pod = identity();
+        let create = Session::create(leases, "l", &pod, 15);
+        let dropped = tokio::time::timeout(Duration::from_millis(50), create).await;
+        assert!(dropped.is_err(), "the caller gave up while the create was out");
+        let patch = tokio::time::timeout(Duration::from_secs(10), patches.recv())
+            .await
+            .expect("the claim created after all is withdrawn")
+            .unwrap();
+        assert!(
+            patch.contains(crate::protocol::RELEASED_ANNOTATION),
+            "with a release mark: {patch}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_holder_rides_out_an_api_server_outage_that_ends_before_its_deadline() {
+        // Renewals are refused (503) for the first 10 s; the holder's deadline is 11.25 s
+        // after its create (lease 15 s), its first renewal due at 5 s.
+        let start = Instant::now();
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| async move {
+            let lease = serde_json::json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": { "name": "l-1", "namespace": "ns", "resourceVersion": "1" },
+            });
+            let down = req.method() == http::Method::PATCH && Instant::now() < start + Duration::from_secs(10);
+            let (code, body) = if down {
+                (503, "{}".to_string())
+            } else {
+                (200, lease.to_string())
+            };
+            let response = http::Response::builder()
+                .status(code)
+                .body(Full::new(Bytes::from(body)));
+            Ok::<_, Infallible>(response.unwrap())
+        });
+        let leases = Api::namespaced(kube::Client::new(service, "ns"), "ns");
+        let (session, _task) = Session::create(leases, "l", &identity(), 15).await.unwrap();
+        session.hold().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(
+            session.is_live(),
+            "a retry between the outage's end and the deadline renews: {:?}",
+            *session.state().borrow()
+        );
     }
 
     #[tokio::test(start_paused = true)]
