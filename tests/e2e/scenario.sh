@@ -133,7 +133,8 @@ YAML
   fi
   hand_off
   # Released, not expired: the CMD stopped on SIGTERM and leasehold run released.
-  until_ok 30 bash -c "'$KUBECTL' get events -n $NS --field-selector reason=Released -o name | grep -q ." \
+  # (This lock's events only: the contention lock's are in the same namespace.)
+  until_ok 30 bash -c "'$KUBECTL' get events -n $NS --field-selector reason=Released,involvedObject.kind=DistributedLock,involvedObject.name=singleton -o name | grep -q ." \
     || fail "no Released event: the handoff did not come from a release"
   if [ "$LOG_MODE" = hostpath ]; then
     sort -n -k4,4 "$HOST_LOG_DIR/log" > "$HOST_LOG_DIR/sorted"

@@ -420,12 +420,13 @@ async fn run_times_out_with_status_75_and_withdraws_its_claim() {
     let dir = scratch("timeout");
     let waiter = ns.pod("waiter").await;
     let started = Instant::now();
-    let status = run(kubeconfig(), &ns, &waiter, &dir, &["--timeout", "2s"], "exit 0")
+    // Time enough for the controller to queue the claim and the run to see it, under load.
+    let status = run(kubeconfig(), &ns, &waiter, &dir, &["--timeout", "4s"], "exit 0")
         .wait()
         .await
         .unwrap();
     assert_eq!(status.code(), Some(75));
-    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(started.elapsed() >= Duration::from_secs(4));
     assert!(log(&dir).is_empty(), "CMD never ran");
     let stderr = std::fs::read_to_string(dir.join("waiter.stderr")).unwrap();
     assert!(
