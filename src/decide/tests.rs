@@ -394,6 +394,17 @@ fn a_holders_own_lease_is_recorded_at_the_grant() {
     assert_eq!(d.status.holders[0].lease_duration_seconds, Some(15));
 }
 
+/// Decide on `f` again: nothing changes before a hold-back's delay has elapsed.
+fn nothing_changes(f: Fixture) -> Fixture {
+    let (f, d) = f.then();
+    assert!(
+        d.actions.is_empty(),
+        "nothing changes before the delay: {:?}",
+        d.actions
+    );
+    f
+}
+
 #[test]
 fn forced_release_holds_the_slot_back_until_the_delay_elapses() {
     let (f, d) = lock().held_by("a").queued("b").claim_deleted("a").then();
@@ -402,12 +413,7 @@ fn forced_release_holds_the_slot_back_until_the_delay_elapses() {
     assert!(d.status.holders[0].revoked.is_some());
     assert_eq!(d.queue(), ["b"]);
 
-    let (f, d) = f.then();
-    assert!(
-        d.actions.is_empty(),
-        "nothing changes before the delay: {:?}",
-        d.actions
-    );
+    let f = nothing_changes(f);
 
     let d = f.hold_back_elapsed("a").decide();
     assert_eq!(d.holders(), ["b"]);
@@ -626,12 +632,7 @@ fn a_closing_lock_runs_out_a_held_back_slot_as_ever() {
     let (f, d) = lock().closing().held_by("a").queued("b").pod_force_deleted("a").then();
     assert_eq!(d.revoked(), [("a", RevokeReason::PodGone)]);
     assert!(d.status.holders[0].revoked.is_some(), "held back while closing too");
-    let (f, d) = f.then();
-    assert!(
-        d.actions.is_empty(),
-        "nothing changes before the delay: {:?}",
-        d.actions
-    );
+    let f = nothing_changes(f);
     let d = f.hold_back_elapsed("a").decide();
     assert!(d.holders().is_empty(), "the hold-back ran out: nothing held back");
     assert!(d.granted().is_empty());
