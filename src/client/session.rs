@@ -467,6 +467,14 @@ mod tests {
         }
     }
 
+    /// The body of the mocked API server's answers: the claim Lease.
+    fn claim_json() -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": { "name": "l-1", "namespace": "ns", "resourceVersion": "1" },
+        })
+    }
+
     /// A client whose claim create is answered after `create_takes`, and whose every
     /// later request hangs: the path to the API server black-holes packets.
     fn black_holed_after_create(create_takes: Duration) -> Api<Lease> {
@@ -475,10 +483,7 @@ mod tests {
                 std::future::pending::<()>().await;
             }
             tokio::time::sleep(create_takes).await;
-            let lease = serde_json::json!({
-                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": { "name": "l-1", "namespace": "ns", "resourceVersion": "1" },
-            });
+            let lease = claim_json();
             Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(lease.to_string()))))
         });
         Api::namespaced(kube::Client::new(service, "ns"), "ns")
@@ -501,10 +506,7 @@ mod tests {
                 } else {
                     tx.send(String::from_utf8_lossy(&body).into_owned()).unwrap();
                 }
-                let lease = serde_json::json!({
-                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": { "name": "l-1", "namespace": "ns", "resourceVersion": "1" },
-                });
+                let lease = claim_json();
                 Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(lease.to_string()))))
             }
         });
@@ -529,10 +531,7 @@ mod tests {
         // after its create (lease 15 s), its first renewal due at 5 s.
         let start = Instant::now();
         let service = tower::service_fn(move |req: http::Request<kube::client::Body>| async move {
-            let lease = serde_json::json!({
-                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": { "name": "l-1", "namespace": "ns", "resourceVersion": "1" },
-            });
+            let lease = claim_json();
             let down = req.method() == http::Method::PATCH && Instant::now() < start + Duration::from_secs(10);
             let (code, body) = if down {
                 (503, "{}".to_string())
@@ -590,10 +589,7 @@ mod tests {
                     tokio::time::sleep(patch_takes).await;
                     seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
-                let lease = serde_json::json!({
-                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": { "name": "l-1", "namespace": "ns", "resourceVersion": "1" },
-                });
+                let lease = claim_json();
                 Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(lease.to_string()))))
             }
         });

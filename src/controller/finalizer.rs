@@ -161,11 +161,11 @@ pub async fn retire(ctx: &Context, lock: &DistributedLock) -> Result<Requeue, Er
     if !has_finalizer(&fresh) {
         return Ok(Requeue::await_change());
     }
-    if fresh.spec.etcd().is_none() && holds_back(fresh.status.as_ref()) {
-        // Written since the caller looked (another replica): decide on it again.
-        return Ok(Requeue::requeue(RECHECK));
-    }
     if fresh.spec.etcd().is_none() {
+        if holds_back(fresh.status.as_ref()) {
+            // Written since the caller looked (another replica): decide on it again.
+            return Ok(Requeue::requeue(RECHECK));
+        }
         let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
         for (claim, token) in fresh.status.as_ref().map(to_stamp).unwrap_or_default() {
             let patch = crate::protocol::claim::stamp_patch(token);
