@@ -158,11 +158,13 @@ async fn metrics_are_openmetrics_with_build_info_and_a_deleted_locks_series_go()
         ns.wait_lock(lock, "the claim holds", |l| holders(l).len() == 1).await;
     }
     let series = |lock: &str| format!("{{namespace=\"{}\",lock=\"{lock}\"}}", ns.name);
-    let (_, body) = get(port, "/metrics").await.unwrap();
-    assert!(
-        body.contains(&series("gone")) && body.contains(&series("kept")),
-        "{body}"
-    );
+    // Metrics are recorded after the status write returns, which may be after the
+    // watch has shown this test the grant: wait for both series rather than race.
+    wait_for("both locks' series", DEADLINE, || async {
+        let (_, body) = get(port, "/metrics").await?;
+        (body.contains(&series("gone")) && body.contains(&series("kept"))).then_some(())
+    })
+    .await;
     ns.locks().delete("gone", &Default::default()).await.unwrap();
     let body = wait_for("the deleted lock's series to go", DEADLINE, || async {
         let (_, body) = get(port, "/metrics").await?;
