@@ -372,7 +372,8 @@ impl Trouble {
 }
 
 /// Set observedGeneration and the Ready condition: True while the lock is reconciled,
-/// False (with the reason) when claims cannot name it or `trouble` says why.
+/// False (with the reason) when the lock is deleted but waits for a held-back slot,
+/// when claims cannot name it, or when `trouble` says why.
 pub fn with_conditions(
     lock: &DistributedLock,
     mut status: DistributedLockStatus,
@@ -381,7 +382,9 @@ pub fn with_conditions(
     let generation = lock.metadata.generation;
     status.observed_generation = generation;
     let name = lock.name_any();
-    let (ready, reason, message) = if name.len() > crate::protocol::MAX_LOCK_NAME {
+    let (ready, reason, message) = if let Some(message) = deletion_waits(lock, &status) {
+        ("False", "Deleting", message)
+    } else if name.len() > crate::protocol::MAX_LOCK_NAME {
         let message = format!(
             "the lock's name has {} characters: claims name their lock in a label value, which \
              holds at most {}; no claim can ask for this lock, so re-create it with a shorter name",
@@ -419,6 +422,26 @@ pub fn with_conditions(
     status
 }
 
+/// Why a deleted lock is still there, if it waits for a held-back slot (see
+/// [`super::finalizer::holds_back`]): the pods whose processes may still run.
+fn deletion_waits(lock: &DistributedLock, status: &DistributedLockStatus) -> Option<String> {
+    if lock.metadata.deletion_timestamp.is_none() || !super::finalizer::holds_back(Some(status)) {
+        return None;
+    }
+    let pods: Vec<&str> = status
+        .holders
+        .iter()
+        .filter(|h| h.revoked.is_some())
+        .map(|h| h.pod.as_str())
+        .collect();
+    Some(format!(
+        "deleted: grants nothing more, and goes once no slot is held back; the revoked \
+         holder(s) in pod(s) {} may still run, until their pods are seen stopped or a lease \
+         duration passes without a renewal of their claims",
+        pods.join(", ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -443,6 +466,41 @@ mod tests {
         assert!(!unchanged(Some(&old), &new), "and goes with the next one");
         assert!(!unchanged(None, &new));
         assert!(unchanged(Some(&new), &new.clone()));
+    }
+
+    #[test]
+    fn a_deleted_lock_that_holds_a_slot_back_says_why_it_is_still_there() {
+        let status: DistributedLockStatus = serde_json::from_value(serde_json::json!({
+            "fencingToken": 2,
+            "holders": [
+                {"claim": "a", "pod": "pod-a", "podUID": "ua", "fencingToken": 1, "grantedAt": "2024-01-01T00:00:00Z",
+                 "revoked": {"reason": "PodGone", "at": "2024-01-01T00:00:01Z"}},
+                {"claim": "b", "pod": "pod-b", "podUID": "ub", "fencingToken": 2, "grantedAt": "2024-01-01T00:00:00Z"},
+            ],
+        }))
+        .unwrap();
+        let ready = |lock: &DistributedLock, status: &DistributedLockStatus| {
+            let s = with_conditions(lock, status.clone(), None);
+            let c = s.conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+            (c.status, c.reason, c.message)
+        };
+        let mut lock = DistributedLock::new("l", crate::api::DistributedLockSpec::default());
+        assert_eq!(
+            ready(&lock, &status).0,
+            "True",
+            "a live lock holding a slot back is ready"
+        );
+        lock.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        let (state, reason, message) = ready(&lock, &status);
+        assert_eq!((state.as_str(), reason.as_str()), ("False", "Deleting"));
+        assert!(message.contains("pod-a") && !message.contains("pod-b"), "{message}");
+        let mut let_go = status.clone();
+        let_go.holders.remove(0);
+        assert_eq!(
+            ready(&lock, &let_go).1,
+            "Reconciled",
+            "with nothing held back, a deleted lock goes without saying so"
+        );
     }
 
     #[test]

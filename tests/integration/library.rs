@@ -237,10 +237,14 @@ async fn a_deleted_lock_runs_out_a_held_back_slot_before_it_goes() {
     // the hold-back over. The old lock runs it out before it goes, granting nothing.
     ns.locks().delete("l", &Default::default()).await.unwrap();
     let closing = ns
-        .locks()
-        .get("l")
-        .await
-        .expect("the deleted lock waits for the hold-back");
+        .wait_lock("l", "the deleted lock to say it waits for a's slot", |l| {
+            let ready = l
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+            ready.is_some_and(|c| c.reason == "Deleting" && c.status == "False" && c.message.contains("pod(s) a "))
+        })
+        .await;
     assert!(
         holders(&closing).iter().all(|h| h != "b"),
         "a closing lock grants nothing"
