@@ -47,6 +47,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             .advertise_address
             .as_deref()
             .map(|a| crate::controller::release_url(a, args.http_addr.port())),
+        notice_wait: crate::protocol::timing::NOTICE_WAIT,
     };
     crate::controller::run(client, opts, shutdown_signal()).await?;
     Ok(())

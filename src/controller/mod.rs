@@ -63,6 +63,12 @@ pub struct Options {
     /// ([`crate::protocol::notice`]); `None` publishes none (holders then release
     /// through their claims alone).
     pub release_url: Option<String>,
+    /// How long the answer to a release notice waits for the status write that records
+    /// the release before it says "accepted" (the holder then writes its release mark
+    /// too). Default [`crate::protocol::timing::NOTICE_WAIT`]; keep it under the
+    /// clients' [`crate::protocol::timing::notice_timeout`] (at least 125 ms), or they
+    /// stop waiting first.
+    pub notice_wait: Duration,
 }
 
 impl Options {
@@ -75,6 +81,7 @@ impl Options {
             http_addr: None,
             namespace: namespace.map(String::from),
             release_url: None,
+            notice_wait: crate::protocol::timing::NOTICE_WAIT,
         }
     }
 
@@ -113,7 +120,7 @@ pub const LEADER_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Run the controller until `shutdown` completes.
 pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), ControllerError> {
     let metrics = Arc::new(Metrics::default());
-    let notices = Arc::new(notices::Notices::default());
+    let notices = Arc::new(notices::Notices::new(opts.notice_wait));
     let http = opts.http_addr.map(|addr| {
         let (m, n) = (metrics.clone(), notices.clone());
         tokio::spawn(async move {

@@ -92,8 +92,9 @@ struct Leader {
 }
 
 /// The valid notices, by (namespace, claim), with when each was taken and its secret.
-#[derive(Default)]
 pub struct Notices {
+    /// How long an answer waits for the status write (see [`Notices::new`]).
+    wait: Duration,
     leader: Mutex<Option<Leader>>,
     taken: Mutex<HashMap<(String, String), (Instant, String)>>,
     /// Counts status writes, so a waiting answer looks again after each.
@@ -104,7 +105,25 @@ pub struct Notices {
 
 // === impl Notices ===
 
+impl Default for Notices {
+    fn default() -> Self {
+        Notices::new(NOTICE_WAIT)
+    }
+}
+
 impl Notices {
+    /// Notices whose answers wait up to `wait` for the status write that records the
+    /// release ([`NOTICE_WAIT`] by default).
+    pub fn new(wait: Duration) -> Self {
+        Notices {
+            wait,
+            leader: Mutex::default(),
+            taken: Mutex::default(),
+            writes: watch::Sender::default(),
+            successors: Default::default(),
+        }
+    }
+
     /// This replica leads: take notices, judged against `locks` and `written`, and
     /// reconcile their locks through `prompter`.
     pub fn lead(&self, locks: Store<DistributedLock>, written: Arc<Written>, prompter: Prompter) {
@@ -126,7 +145,8 @@ impl Notices {
     }
 
     /// Judge a notice, and if it is valid, have its lock reconciled and wait (up to
-    /// [`NOTICE_WAIT`]) for the status write that records the release.
+    /// [`NOTICE_WAIT`], or the wait it was made with) for the status write that
+    /// records the release.
     pub async fn take(&self, notice: &Notice) -> Answer {
         let lock = ObjectRef::<DistributedLock>::new(&notice.lock).within(&notice.namespace);
         let (locks, written, prompter) = {
@@ -154,7 +174,7 @@ impl Notices {
         let mut writes = self.writes.subscribe();
         self.remember(notice, Instant::now());
         prompter.prompt(lock.clone());
-        let deadline = tokio::time::Instant::now() + NOTICE_WAIT;
+        let deadline = tokio::time::Instant::now() + self.wait;
         loop {
             // Written: a newer status of the same lock no longer names the claim, and
             // the claim's deletion is seen (so no successor of this controller can take

@@ -66,6 +66,7 @@ async fn chart_installs_and_its_rbac_is_enough_and_no_more() {
         http_addr: None,
         namespace: Some(app.name.clone()),
         release_url: None,
+        notice_wait: leasehold::protocol::timing::NOTICE_WAIT,
     };
     let _c = spawn_controller_with(as_controller.clone(), opts);
     app.lock(

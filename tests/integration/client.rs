@@ -421,12 +421,12 @@ async fn run_times_out_with_status_75_and_withdraws_its_claim() {
     let waiter = ns.pod("waiter").await;
     let started = Instant::now();
     // Time enough for the controller to queue the claim and the run to see it, under load.
-    let status = run(kubeconfig(), &ns, &waiter, &dir, &["--timeout", "4s"], "exit 0")
+    let status = run(kubeconfig(), &ns, &waiter, &dir, &["--timeout", "8s"], "exit 0")
         .wait()
         .await
         .unwrap();
     assert_eq!(status.code(), Some(75));
-    assert!(started.elapsed() >= Duration::from_secs(4));
+    assert!(started.elapsed() >= Duration::from_secs(8));
     assert!(log(&dir).is_empty(), "CMD never ran");
     let stderr = std::fs::read_to_string(dir.join("waiter.stderr")).unwrap();
     assert!(
@@ -613,11 +613,7 @@ async fn a_forged_release_mark_does_not_let_the_next_holder_in_early() {
         .await
         .unwrap();
     a_lost_then_b_ran_alone(&mut run_a, &mut run_b, &dir).await;
-    wait_for("a ForgedRelease warning on a's claim", DEADLINE, || async {
-        let reasons = event_reasons(&ns, &claim_a).await;
-        reasons.iter().any(|r| r == "ForgedRelease").then_some(())
-    })
-    .await;
+    wait_event(&ns, &claim_a, "ForgedRelease").await;
 }
 
 #[tokio::test]

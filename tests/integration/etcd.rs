@@ -249,11 +249,13 @@ async fn leasehold_run_on_etcd_grants_fifo_one_at_a_time_with_growing_tokens_and
     let _c = spawn_controller(&ns, "etcdfifo");
     ns.lock("l", etcd_spec(&ns, &etcd.url(), 5, 1)).await;
     let dir = scratch("etcdfifo");
-    let go = dir.join("go");
-    let env = [("GO", go.to_str().unwrap())];
+    // Each run's section lasts until its own go-file exists.
+    let go = |name: &str| dir.join(format!("go-{name}"));
     let mut runs = Vec::new();
     for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
         let pod = ns.pod(name).await;
+        let go = go(name);
+        let env = [("GO", go.to_str().unwrap())];
         runs.push(run_with_env(kubeconfig(), &ns, &pod, &dir, &[], &env, UNTIL_GO));
         if i == 0 {
             wait_log(&dir, "a starts", |l| l.iter().any(|l| l[0] == "start")).await;
@@ -271,7 +273,12 @@ async fn leasehold_run_on_etcd_grants_fifo_one_at_a_time_with_growing_tokens_and
         "status shows a's token"
     );
     assert_eq!(ready_reason(&lock).as_deref(), Some("Reconciled"));
-    std::fs::write(&go, "").unwrap();
+    std::fs::write(go("a"), "").unwrap();
+    std::fs::write(go("b"), "").unwrap();
+    // c ends only once the status showed it holding: the mirror writes the keys it
+    // reads, so a section shorter than a status write could otherwise go unmirrored.
+    ns.wait_lock("l", "c holds", |l| holders(l) == ["c"]).await;
+    std::fs::write(go("c"), "").unwrap();
     for mut r in runs {
         let status = tokio::time::timeout(DEADLINE, r.wait())
             .await
@@ -364,7 +371,7 @@ async fn a_force_deleted_pod_s_claim_is_held_back_revoked_and_passed_on_after_it
     })
     .await;
     a_lost_then_b_ran(&mut run_a, &mut run_b, &dir, &["start a", "term a", "start b", "end b"]).await;
-    assert!(event_reasons(&ns, "l").await.contains(&"Revoked".to_string()));
+    wait_event(&ns, "l", "Revoked").await;
 }
 
 #[tokio::test]
@@ -420,7 +427,7 @@ async fn an_etcd_outage_shows_in_ready_and_the_lock_works_again_after_a_restart(
         })
         .await;
     assert_eq!(holders(&down), ["a"], "the last keys seen stay in status");
-    assert!(event_reasons(&ns, "l").await.contains(&"EtcdUnavailable".to_string()));
+    wait_event(&ns, "l", "EtcdUnavailable").await;
     etcd.spawn();
     etcd.ready().await;
     ns.wait_lock("l", "Ready again", |l| ready_reason(l).as_deref() == Some("Reconciled"))

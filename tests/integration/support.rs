@@ -288,6 +288,19 @@ pub async fn event_reasons(ns: &TestNs, object: &str) -> Vec<String> {
         .collect()
 }
 
+/// Wait until `object` has an event with `reason`: the controller publishes events
+/// after the status write they follow, so a test that saw the status waits for them.
+pub async fn wait_event(ns: &TestNs, object: &str, reason: &str) {
+    wait_for(&format!("a {reason} event on {object}"), DEADLINE, || async {
+        event_reasons(ns, object)
+            .await
+            .iter()
+            .any(|r| r == reason)
+            .then_some(())
+    })
+    .await;
+}
+
 /// A client for the shared control plane that impersonates `user` (RBAC checks).
 pub async fn client_as(user: &str) -> Client {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig()).unwrap();
