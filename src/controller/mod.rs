@@ -117,19 +117,37 @@ pub enum ControllerError {
 /// How long a stopping leader waits to hand its leader Lease back.
 pub const LEADER_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Run the controller until `shutdown` completes.
+/// A spawned helper task of the controller, aborted when this is dropped: the tasks
+/// `run` starts end with its future, also when that future is dropped (aborted) rather
+/// than run to its end, so no HTTP server or reconcile outlives an embedded controller.
+pub(crate) struct Helper(tokio::task::JoinHandle<()>);
+
+impl Helper {
+    /// Spawn `task` as a helper.
+    pub(crate) fn spawn(task: impl Future<Output = ()> + Send + 'static) -> Self {
+        Helper(tokio::spawn(task))
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Run the controller until `shutdown` completes. Dropping the future stops it too.
 pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), ControllerError> {
     let metrics = Arc::new(Metrics::default());
     let notices = Arc::new(notices::Notices::new(opts.notice_wait));
-    let http = opts.http_addr.map(|addr| {
+    let _http = opts.http_addr.map(|addr| {
         let (m, n) = (metrics.clone(), notices.clone());
-        tokio::spawn(async move {
+        Helper::spawn(async move {
             if let Err(e) = http::serve(addr, m, n).await {
                 tracing::error!(%addr, error = %e, "serving HTTP failed: no /metrics, /healthz, /readyz or release notices");
             }
         })
     });
-    let result = match &opts.leader_election_namespace {
+    match &opts.leader_election_namespace {
         None => {
             metrics.set_leader(true); // the only replica
             tokio::select! {
@@ -138,11 +156,7 @@ pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = (
             }
         }
         Some(ns) => run_elected(client.clone(), &opts, ns, metrics.clone(), notices.clone(), shutdown).await,
-    };
-    if let Some(h) = http {
-        h.abort();
     }
-    result
 }
 
 /// Wait until the CRD is established, repeating a hint while it is missing.

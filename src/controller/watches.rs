@@ -148,7 +148,7 @@ pub(super) async fn run_leader(
         release_url: opts.release_url.clone(),
     });
     notices.lead(lock_store.clone(), ctx.written.clone(), prompter.clone());
-    tokio::spawn(super::prompt::Prompter::serve(
+    let _prompts = super::Helper::spawn(super::prompt::Prompter::serve(
         prompts,
         lock_store.clone(),
         ctx.clone(),
@@ -182,7 +182,7 @@ pub(super) async fn run_leader(
             synced_tx.closed().await; // keep the sender while the controller runs
         }
     };
-    tokio::spawn(ready);
+    let _ready = super::Helper::spawn(ready);
     let lease_lock = move |lease: Lease| lock_of_claim(&lease, &lock_store, &ctx2);
     controller
         .watches_stream(leases, lease_lock)

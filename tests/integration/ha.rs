@@ -118,6 +118,29 @@ async fn a_standby_replica_takes_over_when_the_leader_stops_and_metrics_are_serv
 }
 
 #[tokio::test]
+async fn a_controller_whose_future_is_dropped_serves_nothing_more() {
+    // A program embedding the controller stops it by dropping `run`'s future: its HTTP
+    // server (release notices, direct grants, metrics) must go with it, not answer on
+    // for a controller that no longer watches anything.
+    let ns = TestNs::new("dropped").await;
+    let port = free_port();
+    let opts = Options {
+        http_addr: Some(([127, 0, 0, 1], port).into()),
+        ..Options::single("dropped", Some(&ns.name))
+    };
+    let c = spawn_controller_with(ns.client.clone(), opts);
+    wait_for("/metrics to answer", DEADLINE, || get(port, "/metrics")).await;
+    c.abort();
+    wait_for("the port to refuse connections", DEADLINE, || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn metrics_are_openmetrics_with_build_info_and_a_deleted_locks_series_go() {
     let ns = TestNs::new("metrics").await;
     let port = free_port();
