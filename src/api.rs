@@ -217,9 +217,11 @@ pub struct DistributedLockStatus {
     pub release_url: Option<String>,
 
     /// Standard conditions, one per type. `Ready` is True while the controller
-    /// reconciles this lock and accepts all its claims; False with the reason when no
-    /// claim can name the lock (`NameTooLong`) or claims were rejected
-    /// (`ClaimsRejected`: see the lock's Warning events).
+    /// reconciles this lock and accepts all its claims; False with the reason when the
+    /// lock is deleted but waits for a held-back slot (`Deleting`: the message names the
+    /// pods whose processes may still run), no claim can name the lock
+    /// (`NameTooLong`), claims were rejected (`ClaimsRejected`: see the lock's Warning
+    /// events) or its etcd cannot be reached (`EtcdUnavailable`).
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

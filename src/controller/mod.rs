@@ -117,9 +117,10 @@ pub enum ControllerError {
 /// How long a stopping leader waits to hand its leader Lease back.
 pub const LEADER_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A spawned helper task of the controller, aborted when this is dropped: the tasks
-/// `run` starts end with its future, also when that future is dropped (aborted) rather
-/// than run to its end, so no HTTP server or reconcile outlives an embedded controller.
+/// A spawned helper task of the controller, aborted when this is dropped: the HTTP
+/// server and the prompted reconciles end with `run`'s future, also when that future is
+/// dropped (aborted) rather than run to its end. (A status write's follow-ups, events
+/// and claim deletions, may still finish.)
 pub(crate) struct Helper(tokio::task::JoinHandle<()>);
 
 impl Helper {
@@ -217,6 +218,7 @@ async fn run_elected(
         _ = work => {}
         _ = shutdown => {}
     }
+    notices.step_down(); // refuse notices at once while the Lease is handed back
     metrics.set_leader(false);
     drop(leading); // the manager's task releases the Lease when its channel closes
     let _ = tokio::time::timeout(LEADER_RELEASE_TIMEOUT, task).await;

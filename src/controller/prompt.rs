@@ -65,14 +65,18 @@ impl Prompter {
 
     /// Run the prompted reconciles of the locks `store` holds, until the senders go;
     /// prompts beyond [`MAX_PROMPTS`] at once go to `scheduled`, the scheduler's triggers.
+    /// The reconciles it started end with it (dropped, like the scheduled ones when the
+    /// controller stops), so none runs on for a controller that stopped leading.
     pub async fn serve(
         prompts: mpsc::UnboundedReceiver<ObjectRef<DistributedLock>>,
         store: Store<DistributedLock>,
         ctx: Arc<Context>,
         scheduled: mpsc::UnboundedSender<ObjectRef<DistributedLock>>,
     ) {
+        let mut running = tokio::task::JoinSet::new();
         route(prompts, store, scheduled, move |lock, permit| {
-            tokio::spawn(prompted(lock, ctx.clone(), permit));
+            while running.try_join_next().is_some() {} // reap the finished
+            running.spawn(prompted(lock, ctx.clone(), permit));
         })
         .await
     }
@@ -85,7 +89,7 @@ async fn route(
     mut prompts: mpsc::UnboundedReceiver<ObjectRef<DistributedLock>>,
     store: Store<DistributedLock>,
     scheduled: mpsc::UnboundedSender<ObjectRef<DistributedLock>>,
-    run: impl Fn(Arc<DistributedLock>, OwnedSemaphorePermit),
+    mut run: impl FnMut(Arc<DistributedLock>, OwnedSemaphorePermit),
 ) {
     let free = Arc::new(Semaphore::new(MAX_PROMPTS));
     while let Some(lock) = prompts.recv().await {

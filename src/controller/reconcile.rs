@@ -85,7 +85,11 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         .of(&kube::runtime::reflector::ObjectRef::from_obj(lock.as_ref()))
         .lock()
         .await;
-    let _ = ctx.synced.clone().wait_for(|synced| *synced).await;
+    if ctx.synced.clone().wait_for(|synced| *synced).await.is_err() {
+        // The controller stopped (its caches' task is gone) before they synced: decide
+        // nothing on caches that may lack claims and pods.
+        return Ok(Requeue::await_change());
+    }
     // A deleted lock with the finalizer is decided on (closing) until no slot is held
     // back; one without has nothing to fence.
     let fenced = lock.spec.etcd().is_none() && super::finalizer::has_finalizer(&lock);
@@ -425,7 +429,8 @@ pub fn with_conditions(
 /// Why a deleted lock is still there, if it waits for a held-back slot (see
 /// [`super::finalizer::holds_back`]): the pods whose processes may still run.
 fn deletion_waits(lock: &DistributedLock, status: &DistributedLockStatus) -> Option<String> {
-    if lock.metadata.deletion_timestamp.is_none() || !super::finalizer::holds_back(Some(status)) {
+    let fenced = lock.spec.etcd().is_none() && super::finalizer::has_finalizer(lock);
+    if lock.metadata.deletion_timestamp.is_none() || !fenced || !super::finalizer::holds_back(Some(status)) {
         return None;
     }
     let pods: Vec<&str> = status
@@ -485,6 +490,7 @@ mod tests {
             (c.status, c.reason, c.message)
         };
         let mut lock = DistributedLock::new("l", crate::api::DistributedLockSpec::default());
+        lock.metadata.finalizers = Some(vec![super::super::finalizer::LOCK_FINALIZER.into()]);
         assert_eq!(
             ready(&lock, &status).0,
             "True",
@@ -500,6 +506,12 @@ mod tests {
             ready(&lock, &let_go).1,
             "Reconciled",
             "with nothing held back, a deleted lock goes without saying so"
+        );
+        lock.metadata.finalizers = None;
+        assert_eq!(
+            ready(&lock, &status).1,
+            "Reconciled",
+            "a deleted lock without the fence (or on etcd) is let go at once: it waits for nothing"
         );
     }
 
