@@ -117,19 +117,26 @@ async fn a_standby_replica_takes_over_when_the_leader_stops_and_metrics_are_serv
     );
 }
 
+/// One controller of `ns` serving HTTP on a loopback port: the port, the controller's
+/// task and its first /metrics answer (head, body).
+async fn serving_controller(ns: &TestNs, name: &str) -> (u16, tokio::task::JoinHandle<()>, (String, String)) {
+    let port = free_port();
+    let opts = Options {
+        http_addr: Some(([127, 0, 0, 1], port).into()),
+        ..Options::single(name, Some(&ns.name))
+    };
+    let c = spawn_controller_with(ns.client.clone(), opts);
+    let first = wait_for("/metrics to answer", DEADLINE, || get(port, "/metrics")).await;
+    (port, c, first)
+}
+
 #[tokio::test]
 async fn a_controller_whose_future_is_dropped_serves_nothing_more() {
     // A program embedding the controller stops it by dropping `run`'s future: its HTTP
     // server (release notices, direct grants, metrics) must go with it, not answer on
     // for a controller that no longer watches anything.
     let ns = TestNs::new("dropped").await;
-    let port = free_port();
-    let opts = Options {
-        http_addr: Some(([127, 0, 0, 1], port).into()),
-        ..Options::single("dropped", Some(&ns.name))
-    };
-    let c = spawn_controller_with(ns.client.clone(), opts);
-    wait_for("/metrics to answer", DEADLINE, || get(port, "/metrics")).await;
+    let (port, c, _) = serving_controller(&ns, "dropped").await;
     c.abort();
     wait_for("the port to refuse connections", DEADLINE, || async {
         tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -143,13 +150,7 @@ async fn a_controller_whose_future_is_dropped_serves_nothing_more() {
 #[tokio::test]
 async fn metrics_are_openmetrics_with_build_info_and_a_deleted_locks_series_go() {
     let ns = TestNs::new("metrics").await;
-    let port = free_port();
-    let opts = Options {
-        http_addr: Some(([127, 0, 0, 1], port).into()),
-        ..Options::single("metrics", Some(&ns.name))
-    };
-    let _c = spawn_controller_with(ns.client.clone(), opts);
-    let (head, body) = wait_for("/metrics to answer", DEADLINE, || get(port, "/metrics")).await;
+    let (port, _c, (head, body)) = serving_controller(&ns, "metrics").await;
     let content_type = head
         .lines()
         .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type: ").map(String::from));
