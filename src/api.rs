@@ -284,6 +284,9 @@ pub enum RevokeReason {
     /// Someone other than the holder deleted its claim, or wrote a release mark without
     /// its secret, while its pod lives.
     ForceReleased,
+    /// The lock is being deleted: every grant is revoked, and the lock goes once no
+    /// holder's process may still run.
+    LockDeleted,
 }
 
 impl RevokeReason {
@@ -295,6 +298,7 @@ impl RevokeReason {
             Self::PodFinished => "PodFinished",
             Self::Expired => "Expired",
             Self::ForceReleased => "ForceReleased",
+            Self::LockDeleted => "LockDeleted",
         }
     }
 }

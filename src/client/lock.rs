@@ -218,8 +218,8 @@ impl Lock {
                 break (session, renewal, withdraw, outcome);
             }
             // The lock holds a slot back for this claim as if its process might run (a
-            // stamp from a deleted incarnation of the lock that had designated it, or a
-            // forged mark), yet it was never granted: a valid release says so, freeing
+            // deleted lock revoking the successor it had designated, or a forged mark),
+            // yet it was never granted: a valid release says so, freeing
             // the slot (unless the controller deleted the claim first: then the slot is
             // held back its lease), and a new claim waits on, at the back of the queue.
             tracing::info!(
@@ -400,7 +400,11 @@ fn watch_revocation(mut events: LockWatch, session: Arc<Session>, token: i64) {
             };
             let reason = match seen {
                 Seen::Gone => LostReason::LockDeleted,
-                Seen::Lock(lock) if !grants(&lock, &session.claim, token) => LostReason::Revoked,
+                // A deleted lock revokes every grant before it goes.
+                Seen::Lock(lock) if !grants(&lock, &session.claim, token) => match lock.metadata.deletion_timestamp {
+                    Some(_) => LostReason::LockDeleted,
+                    None => LostReason::Revoked,
+                },
                 Seen::Lock(lock) => {
                     // A new leader publishes where it takes notices with its writes.
                     let url = lock.status.as_ref().and_then(|s| s.release_url.as_deref());

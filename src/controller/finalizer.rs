@@ -1,29 +1,23 @@
-//! The lock's finalizer: a lock is let go only after its holders' claims carry their
-//! fencing tokens.
+//! The lock's finalizer: a lock is let go only once none of its holders' processes may
+//! still run.
 //!
 //! A lock deleted and re-created under the same name starts with an empty status, so
-//! a process still running on a grant of the old lock would look like a new waiter.
-//! The controller therefore puts [`LOCK_FINALIZER`] on every lock whose claims are
-//! Leases before it grants anything, and when such a lock is deleted it first stamps
-//! each holder's claim with the holder's fencing token
-//! ([`crate::protocol::FENCING_TOKEN_ANNOTATION`]), and the designated successor's
-//! with its reserved token (a controller may have told it of its grant before any
-//! status recorded it), then removes the finalizer, guarded
-//! by the resourceVersion of the status it stamped from (a grant written meanwhile
-//! makes it start over). The new incarnation's decide core keeps a claim stamped below
-//! its token epoch as a revoked holder, its slot held back until its process has
-//! stopped ([`crate::decide`]).
+//! a process still running on a grant of the old lock would be forgotten, and its slot
+//! granted again. The controller therefore puts [`LOCK_FINALIZER`] on every lock whose
+//! claims are Leases before it grants anything. A deleted lock is then decided on as
+//! *closing* ([`crate::decide`]): it grants nothing, revokes every holder and its
+//! designated successor (a controller may have told it of its grant), and keeps their
+//! slots held back until their processes have stopped (a valid release, their pods
+//! stopped, or a lease without renewal). Once it has no holder left ([`occupied`]),
+//! the finalizer is removed, guarded by the resourceVersion of the status it judged
+//! from (a write meanwhile makes it look again). The API server refuses to create an
+//! object under a name still being deleted, so no re-created lock exists while an old
+//! holder may run: nothing needs to outlive the lock, not even a claim (which goes with
+//! its pod when the pod is force-deleted).
 //!
-//! Until then the deleted lock is decided on as *closing*: nothing is granted, and its
-//! holders are judged as ever, so a slot held back (a holder whose pod was
-//! force-deleted, or whose claim was taken away, and whose process may run on) runs
-//! out its hold-back before the lock goes ([`holds_back`]). A stamp could not carry
-//! such a holder over: its claim is gone, or goes with its pod.
-//!
-//! Stamping at deletion rather than at every grant saves one API write per grant; the
-//! finalizer costs one write per lock's lifetime.
+//! The finalizer costs one write per lock's lifetime; `kubectl delete` takes until the
+//! holders have stopped (a live client stops at once on the revocation).
 
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action as Requeue;
@@ -31,7 +25,7 @@ use kube::runtime::controller::Action as Requeue;
 use super::context::Context;
 use crate::api::{DistributedLock, DistributedLockStatus};
 
-/// How soon a deleted lock found holding a slot back at its retirement is looked at
+/// How soon a deleted lock found still occupied at its retirement is looked at
 /// again (its reconcile requeues itself for the hold-back's end; this is a backstop).
 const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -51,9 +45,6 @@ pub enum Error {
     /// Reading the deleted lock afresh failed.
     #[error("reading the deleted DistributedLock {0}: {1}")]
     Read(String, #[source] kube::Error),
-    /// Stamping a holder's claim failed.
-    #[error("stamping claim {0} of the deleted DistributedLock with its fencing token: {1}")]
-    Stamp(String, #[source] kube::Error),
     /// Removing the finalizer failed (a conflict: the lock changed since it was read).
     #[error("removing finalizer {LOCK_FINALIZER} from DistributedLock {0}: {1}")]
     Remove(String, #[source] kube::Error),
@@ -65,7 +56,6 @@ impl Error {
         match self {
             Error::Add(..) => "finalizer_add",
             Error::Read(..) => "finalizer_read",
-            Error::Stamp(..) => "finalizer_stamp",
             Error::Remove(..) => "finalizer_remove",
         }
     }
@@ -132,23 +122,14 @@ pub async fn ensure(
     Ok(true)
 }
 
-/// Whether `status` holds a slot back: a revoked holder whose process may still run.
-/// A deleted lock is not let go then: the claim may vanish (pod GC) before a re-created
-/// lock could see a stamp on it, so the hold-back is run out first.
-pub fn holds_back(status: Option<&DistributedLockStatus>) -> bool {
-    status.is_some_and(|s| s.holders.iter().any(|h| h.revoked.is_some()))
+/// Whether `status` still names a holder (revoked or not) or a successor: a process
+/// that may run under the lock. A deleted lock is let go only once it names none.
+pub fn occupied(status: Option<&DistributedLockStatus>) -> bool {
+    status.is_some_and(|s| !s.holders.is_empty() || s.successor.is_some())
 }
 
-/// The claims to stamp, with their tokens: every holder, and the designated successor,
-/// which a controller may have told of its grant before any status recorded it.
-fn to_stamp(status: &DistributedLockStatus) -> Vec<(&str, i64)> {
-    let holders = status.holders.iter().map(|h| (h.claim.as_str(), h.fencing_token));
-    let successor = status.successor.iter().map(|s| (s.claim.as_str(), s.fencing_token));
-    holders.chain(successor).collect()
-}
-
-/// A deleted lock: stamp its holders' and its successor's claims (Lease backend), then
-/// let it go.
+/// A deleted lock: let it go, once no holder's process may still run (Lease backend;
+/// an etcd-backed lock's holders live by their keys, which it leaves).
 pub async fn retire(ctx: &Context, lock: &DistributedLock) -> Result<Requeue, Error> {
     let (ns, name) = (lock.namespace().unwrap_or_default(), lock.name_any());
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &ns);
@@ -161,26 +142,9 @@ pub async fn retire(ctx: &Context, lock: &DistributedLock) -> Result<Requeue, Er
     if !has_finalizer(&fresh) {
         return Ok(Requeue::await_change());
     }
-    if fresh.spec.etcd().is_none() {
-        if holds_back(fresh.status.as_ref()) {
-            // Written since the caller looked (another replica): decide on it again.
-            return Ok(Requeue::requeue(RECHECK));
-        }
-        let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
-        for (claim, token) in fresh.status.as_ref().map(to_stamp).unwrap_or_default() {
-            let patch = crate::protocol::claim::stamp_patch(token);
-            match leases
-                .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => tracing::info!(lock = name, claim, token, "stamped a claim of a deleted lock"),
-                // Gone since the last decision (force-deleted, or with its pod): its
-                // process may run on. Decide again, which holds its slot back (or
-                // sees its release), before the lock may go.
-                Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(Requeue::requeue(RECHECK)),
-                Err(e) => return Err(Error::Stamp(claim.into(), e)),
-            }
-        }
+    if fresh.spec.etcd().is_none() && occupied(fresh.status.as_ref()) {
+        // Written since the caller looked (another replica): decide on it again.
+        return Ok(Requeue::requeue(RECHECK));
     }
     let patch = finalizers_patch(&fresh, false);
     match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
@@ -261,22 +225,6 @@ mod tests {
             again["metadata"]["finalizers"],
             serde_json::json!(["other", LOCK_FINALIZER])
         );
-    }
-
-    #[test]
-    fn holders_and_the_designated_successor_are_stamped() {
-        let status: DistributedLockStatus = serde_json::from_value(serde_json::json!({
-            "fencingToken": 9,
-            "holders": [
-                {"claim": "a", "pod": "a", "podUID": "ua", "fencingToken": 7, "grantedAt": "2024-01-01T00:00:00Z"},
-                {"claim": "b", "pod": "b", "podUID": "ub", "fencingToken": 8, "grantedAt": "2024-01-01T00:00:00Z"},
-            ],
-            "queue": [{"claim": "c", "pod": "c", "podUID": "uc", "requestedAt": "2024-01-01T00:00:00Z"}],
-            "successor": {"claim": "c", "fencingToken": 9},
-        }))
-        .unwrap();
-        assert_eq!(to_stamp(&status), [("a", 7), ("b", 8), ("c", 9)]);
-        assert_eq!(to_stamp(&DistributedLockStatus::default()), []);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! Pipeline per lock: **observe** (reflector stores of claim Leases and slim Pods, plus
 //! the [`tracker::Tracker`]'s monotonic clock) → **decide** ([`crate::decide`], pure) →
 //! **apply** (status write with a resourceVersion precondition, then events and claim
-//! deletion). A deleted lock's holders are stamped before it goes ([`finalizer`]).
+//! deletion). A deleted lock revokes its holders and goes once they have stopped
+//! ([`finalizer`]).
 //! Watch-driven: a claim, pod or lock change triggers the lock's reconcile; time-based
 //! transitions requeue at the next deadline.
 

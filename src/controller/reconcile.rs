@@ -5,9 +5,8 @@
 //! that was read, so two controllers can never both grant from the same state; on a
 //! conflict the lock is re-read and decided again. Events and claim deletion follow
 //! only a successful write. A lock carries the controller's finalizer before anything
-//! is granted; a deleted one is decided on as *closing* (nothing granted) until no
-//! slot is held back, and let go once its holders' claims are stamped
-//! ([`super::finalizer`]).
+//! is granted; a deleted one is decided on as *closing* (nothing granted, every grant
+//! revoked) and let go once it has no holder left ([`super::finalizer`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -106,8 +105,8 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
     let name = lock.name_any();
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &ns);
     let mut current = ctx.written.fresher(&lock);
-    // Nothing is granted before the finalizer is on: a deleted lock's holders must be
-    // stamped before it goes (see `finalizer`).
+    // Nothing is granted before the finalizer is on: a deleted lock must outlive its
+    // holders' processes (see `finalizer`).
     if !super::finalizer::ensure(&ctx.written, &api, &mut current).await? {
         return Ok(Requeue::await_change());
     }
@@ -132,10 +131,10 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         ctx.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
         if current.metadata.deletion_timestamp.is_some() {
             // `current` is the lock before the write: judge by the status written.
-            if !super::finalizer::holds_back(Some(&plan.decision.status)) {
+            if !super::finalizer::occupied(Some(&plan.decision.status)) {
                 return Ok(super::finalizer::retire(&ctx, &current).await?);
             }
-            tracing::info!("deleted, but a slot is held back: the lock goes once no slot is held back");
+            tracing::info!("deleted: every grant revoked; the lock goes once its holders have stopped");
         }
         // A claim to delete is looked at again once its deletion may have failed, even
         // on a lock with nothing else to wait for.
@@ -426,23 +425,18 @@ pub fn with_conditions(
     status
 }
 
-/// Why a deleted lock is still there, if it waits for a held-back slot (see
-/// [`super::finalizer::holds_back`]): the pods whose processes may still run.
+/// Why a deleted lock is still there, if it waits for its revoked holders to stop (see
+/// [`super::finalizer::occupied`]): the pods whose processes may still run.
 fn deletion_waits(lock: &DistributedLock, status: &DistributedLockStatus) -> Option<String> {
     let fenced = lock.spec.etcd().is_none() && super::finalizer::has_finalizer(lock);
-    if lock.metadata.deletion_timestamp.is_none() || !fenced || !super::finalizer::holds_back(Some(status)) {
+    if lock.metadata.deletion_timestamp.is_none() || !fenced || !super::finalizer::occupied(Some(status)) {
         return None;
     }
-    let pods: Vec<&str> = status
-        .holders
-        .iter()
-        .filter(|h| h.revoked.is_some())
-        .map(|h| h.pod.as_str())
-        .collect();
+    let pods: Vec<&str> = status.holders.iter().map(|h| h.pod.as_str()).collect();
     Some(format!(
-        "deleted: grants nothing more, and goes once no slot is held back; the revoked \
-         holder(s) in pod(s) {} may still run, until their pods are seen stopped or a lease \
-         duration passes without a renewal of their claims",
+        "deleted: every grant is revoked and nothing is granted; the lock goes once the \
+         holder(s) in pod(s) {} have stopped (released, their pods seen stopped, or a lease \
+         duration without a renewal of their claims)",
         pods.join(", ")
     ))
 }
@@ -474,13 +468,12 @@ mod tests {
     }
 
     #[test]
-    fn a_deleted_lock_that_holds_a_slot_back_says_why_it_is_still_there() {
+    fn a_deleted_lock_with_holders_left_says_why_it_is_still_there() {
         let status: DistributedLockStatus = serde_json::from_value(serde_json::json!({
             "fencingToken": 2,
             "holders": [
                 {"claim": "a", "pod": "pod-a", "podUID": "ua", "fencingToken": 1, "grantedAt": "2024-01-01T00:00:00Z",
-                 "revoked": {"reason": "PodGone", "at": "2024-01-01T00:00:01Z"}},
-                {"claim": "b", "pod": "pod-b", "podUID": "ub", "fencingToken": 2, "grantedAt": "2024-01-01T00:00:00Z"},
+                 "revoked": {"reason": "LockDeleted", "at": "2024-01-01T00:00:01Z"}},
             ],
         }))
         .unwrap();
@@ -499,13 +492,11 @@ mod tests {
         lock.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
         let (state, reason, message) = ready(&lock, &status);
         assert_eq!((state.as_str(), reason.as_str()), ("False", "Deleting"));
-        assert!(message.contains("pod-a") && !message.contains("pod-b"), "{message}");
-        let mut let_go = status.clone();
-        let_go.holders.remove(0);
+        assert!(message.contains("pod-a"), "{message}");
         assert_eq!(
-            ready(&lock, &let_go).1,
+            ready(&lock, &DistributedLockStatus::default()).1,
             "Reconciled",
-            "with nothing held back, a deleted lock goes without saying so"
+            "with no holder left, a deleted lock goes without saying so"
         );
         lock.metadata.finalizers = None;
         assert_eq!(

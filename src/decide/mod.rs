@@ -32,9 +32,11 @@
 //! * Tokens are an epoch (taken once, from the caller's clock, when the lock is first
 //!   decided) plus a count, so a lock re-created under the same name never issues a
 //!   token an older incarnation issued.
-//! * A lock being deleted (*closing*) grants nothing and designates no one new, but
-//!   judges its holders as ever: the caller lets it go only once no slot is held back,
-//!   so no process that may still run is forgotten with it.
+//! * A lock being deleted (*closing*) grants nothing and designates no one: it revokes
+//!   every holder, and its successor, keeping their slots held back (their claims are
+//!   kept, so a valid release still frees a slot at once). The caller lets it go only
+//!   once it has no holder left, so no process that may still run is forgotten with it
+//!   (a lock re-created under the same name can only exist after that).
 //! * Deciding again on the same observation changes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -164,12 +166,14 @@ fn decide_holders<'w>(
         let live = liveness(world, &h.pod, &h.pod_uid);
         if h.revoked.is_some() {
             // Its process says it has stopped (a valid release), its pod has, or it has
-            // had a lease to stop itself: the slot passes on.
-            let released = claims.get(h.claim.as_str()).is_some_and(|c| c.released);
-            if released {
-                d.delete_claims.push(h.claim.clone());
-            }
+            // had a lease to stop itself: the slot passes on, and a claim still there
+            // goes with it (else it would come back as a new claim).
+            let claim = claims.get(h.claim.as_str());
+            let released = claim.is_some_and(|c| c.released);
             if released || matches!(live, Liveness::Stopped(_)) || world.hold_back_elapsed.contains(&h.claim) {
+                if claim.is_some() {
+                    d.delete_claims.push(h.claim.clone());
+                }
                 d.actions.push(act(ActionKind::SlotFreed(token)));
             } else {
                 kept.push(h.clone());
@@ -178,6 +182,9 @@ fn decide_holders<'w>(
         }
         let claim = claims.get(h.claim.as_str()).copied();
         let (reason, held_back) = match judge_grant(claim, live) {
+            // Being deleted: the grant is revoked, its slot held back until its process
+            // has stopped.
+            Judgement::Keep if world.closing => (RevokeReason::LockDeleted, true),
             Judgement::Keep => {
                 kept.push(h.clone());
                 continue;
@@ -197,7 +204,7 @@ fn decide_holders<'w>(
                 ..h.clone()
             });
         }
-        if claim.is_some() {
+        if claim.is_some() && reason != RevokeReason::LockDeleted {
             d.delete_claims.push(h.claim.clone());
         }
     }
@@ -254,6 +261,9 @@ fn decide_successor<'w>(
     }
     let claim = claims.get(w.claim.as_str()).copied();
     let (reason, held_back) = match judge_grant(claim, liveness(world, &w.pod, &w.pod_uid)) {
+        // Being deleted: it may have been told of its grant, so it is revoked like a
+        // holder, its slot held back until it has stopped (or withdrawn).
+        Judgement::Keep if world.closing => (RevokeReason::LockDeleted, true),
         Judgement::Keep => return (Some(w.clone()), None),
         Judgement::Released => {
             d.delete_claims.push(w.claim.clone());
@@ -263,7 +273,7 @@ fn decide_successor<'w>(
         }
         Judgement::Revoke(reason, held_back) => (reason, held_back),
     };
-    if claim.is_some() {
+    if claim.is_some() && reason != RevokeReason::LockDeleted {
         d.delete_claims.push(w.claim.clone());
     }
     if !held_back {
@@ -404,9 +414,8 @@ fn grant(world: &World<'_>, d: &mut Decision) {
     // The standing designation of `claim`, if it has one.
     let designated = |claim: &str| world.status.successor.as_ref().filter(|s| s.claim == claim);
     if world.closing {
-        // Being deleted: no grant, no new designation. A standing one stays (its
-        // successor may have been told of its grant), to be stamped with its token.
-        d.status.successor = d.status.queue.first().and_then(|w| designated(&w.claim)).cloned();
+        // Being deleted: no grant, no designation (a standing one was revoked).
+        d.status.successor = None;
         return;
     }
     let reserved = |claim: &str| designated(claim).map(|s| s.fencing_token);

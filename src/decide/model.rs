@@ -40,9 +40,9 @@ pub struct ClaimView {
     pub forged: bool,
     /// The hash of the claim's release secret, to record when it is queued.
     pub release_hash: Option<String>,
-    /// The fencing token the controller stamped on the claim when the lock it held was
-    /// deleted (or, by older controllers, at its grant): a claim not in status with a stamp below
-    /// the epoch was granted by an earlier incarnation.
+    /// The fencing token an earlier build of the controller stamped on the claim (when
+    /// the lock it held was deleted, or at its grant): a claim not in status with a stamp
+    /// below the epoch was granted by an earlier incarnation.
     pub stamped_token: Option<i64>,
     /// The caller judged the claim expired: not renewed for long enough.
     pub expired: bool,

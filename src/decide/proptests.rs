@@ -47,9 +47,9 @@ enum Event {
     DirectGrant(usize),
     /// The lock is deleted: from now on it is decided on as closing.
     Delete,
-    /// A deleted lock is let go, if the finalizer's rule allows (decided on, no slot
-    /// held back): its holders' and successor's claims are stamped with their tokens,
-    /// and it is re-created under the same name, decided on first with those claims.
+    /// A deleted lock is let go, if the finalizer's rule allows (decided on, no holder
+    /// and no successor left), and is re-created under the same name: the new lock is
+    /// decided on with the claims still there, none of them remembered.
     Recreate,
 }
 
@@ -280,9 +280,9 @@ impl Model {
                     self.f.elapsed.insert(name.clone());
                     self.quit.insert(name.clone());
                     self.stop_where(|p| p.claim == name);
-                    // A claim still there (stamped by a deleted lock) is given up by its
-                    // client with a valid release as it stops, or, never granted, as it
-                    // sees its claim held back (and waits on with a new claim).
+                    // A claim still there (a holder or successor a deleted lock
+                    // revoked) is given up by its client with a valid release as it
+                    // stops, or, never granted, as it sees its claim held back.
                     if let Some(c) = self.f.claims.iter_mut().find(|c| c.name == name) {
                         c.released = true;
                     }
@@ -296,25 +296,19 @@ impl Model {
         }
     }
 
-    /// The finalizer lets the deleted lock go once a decision holds no slot back,
-    /// stamping its holders' and its successor's claims; the lock is re-created, and
-    /// its first decision sees the stamped claims. (Not modelled: a stamped claim
-    /// removed, by pod GC, before the new lock is first decided on.)
+    /// The finalizer lets the deleted lock go once a decision left it no holder and no
+    /// successor; the lock is re-created, and its first decision knows nothing of the
+    /// old one (any claim may be gone by then, e.g. with its force-deleted pod): a
+    /// process of the old lock still running would show as a freed slot.
     fn recreate(&mut self) {
         if !self.f.closing {
             return;
         }
         self.decide_and_check();
-        if self.f.status.holders.iter().any(|h| h.revoked.is_some()) {
+        if !self.f.status.holders.is_empty() || self.f.status.successor.is_some() {
             return; // the finalizer waits
         }
         let status = std::mem::take(&mut self.f.status);
-        let holders = status.holders.iter().map(|h| (&h.claim, h.fencing_token));
-        for (claim, token) in holders.chain(status.successor.iter().map(|s| (&s.claim, s.fencing_token))) {
-            if let Some(c) = self.f.claims.iter_mut().find(|c| &c.name == claim) {
-                c.stamped_token = Some(token);
-            }
-        }
         // The new lock's epoch: the clock, above every token issued so far.
         self.f.token_floor = status.fencing_token + 1_000;
         self.f.elapsed.clear();
@@ -385,15 +379,11 @@ impl Model {
             );
         }
         // The successor is the head of the queue, designated only while every slot is
-        // taken, with a token above every grant's.
-        // (A closing lock only keeps a standing designation, whatever the slots.)
+        // taken, with a token above every grant's; a closing lock designates no one.
         if let Some(s) = &d.status.successor {
             assert_eq!(d.status.queue.first().map(|w| &w.claim), Some(&s.claim));
-            if !self.f.closing {
-                assert!(d.status.holders.len() >= max, "designated with a slot free");
-            } else {
-                assert!(before.successor.as_ref() == Some(s), "newly designated while closing");
-            }
+            assert!(!self.f.closing, "designated while closing");
+            assert!(d.status.holders.len() >= max, "designated with a slot free");
             assert!(d.status.holders.iter().all(|h| h.fencing_token < s.fencing_token));
             assert!(s.fencing_token <= d.status.fencing_token);
         } else {

@@ -605,30 +605,36 @@ fn a_held_back_successor_whose_claim_is_gone_keeps_the_lease_it_stated_at_its_de
 }
 
 #[test]
-fn a_closing_lock_grants_nothing_and_keeps_only_a_standing_designation() {
+fn a_closing_lock_revokes_its_holders_and_successor_and_grants_nothing() {
     let d = lock().closing().claims("a").decide();
     assert!(d.granted().is_empty(), "a free slot is not granted: {:?}", d.actions);
     assert_eq!(d.queue(), ["a"]);
-    assert_eq!(successor(&d), None, "nobody is newly designated");
+    assert_eq!(successor(&d), None, "nobody is designated");
 
     let (f, _) = lock().held_by("a").queued("b").queued("c").then();
-    let d = f.clone().closing().released("a").decide();
-    assert!(d.holders().is_empty(), "the release frees the slot");
-    assert!(d.granted().is_empty(), "but the freed slot goes to no one");
+    let (closing, d) = f.closing().then();
     assert_eq!(
-        successor(&d),
-        Some(("b", 2)),
-        "the standing designation stays, with its token"
+        d.revoked(),
+        [("a", RevokeReason::LockDeleted), ("b", RevokeReason::LockDeleted)],
+        "the holder, and the successor that may have been told of its grant"
     );
-    let d = f.closing().released("b").decide();
-    assert_eq!(successor(&d), None, "the next in line is not designated");
-    assert_eq!(d.queue(), ["c"]);
+    assert_eq!(d.holders(), ["a", "b"], "their slots held back until they stop");
+    assert!(d.status.holders.iter().all(|h| h.revoked.is_some()));
+    assert_eq!(d.status.holders[1].fencing_token, 2, "b's slot with its reserved token");
+    assert!(d.delete_claims.is_empty(), "their claims stay, for their releases");
+    assert_eq!(successor(&d), None);
+    assert_eq!(d.queue(), ["c"], "a waiter waits on, for a lock of the same name");
+    let closing = nothing_changes(closing);
+    let d = closing.released("a").released("b").decide();
+    assert!(d.holders().is_empty(), "valid releases free the slots at once");
+    assert!(d.granted().is_empty(), "but the freed slots go to no one");
+    assert_eq!(d.delete_claims, ["a", "b"]);
 }
 
 #[test]
 fn a_closing_lock_runs_out_a_held_back_slot_as_ever() {
     // a's pod is force-deleted: its process may run on, so its slot is held back; the
-    // lock may go only once no slot is held back.
+    // lock may go only once it has no holder left.
     let (f, d) = lock().closing().held_by("a").queued("b").pod_force_deleted("a").then();
     assert_eq!(d.revoked(), [("a", RevokeReason::PodGone)]);
     assert!(d.status.holders[0].revoked.is_some(), "held back while closing too");

@@ -111,15 +111,6 @@ fn released_patch(mark: &str) -> serde_json::Value {
     } })
 }
 
-/// The merge patch the controller stamps on a holder's claim when its lock is deleted:
-/// a lock re-created under the same name keeps that claim's slot held back.
-pub fn stamp_patch(token: i64) -> serde_json::Value {
-    serde_json::json!({
-        "metadata": { "annotations": { FENCING_TOKEN_ANNOTATION: token.to_string() } },
-        "spec": { "acquireTime": MicroTime(Timestamp::now()) },
-    })
-}
-
 // === reading ===
 
 /// Why a claim Lease is malformed, for a Warning event.
@@ -177,7 +168,8 @@ pub fn claim_lock(lease: &Lease) -> Option<&str> {
         .filter(|l| !l.is_empty())
 }
 
-/// The fencing token the controller stamped on the claim when it granted it.
+/// The fencing token an earlier build of the controller stamped on the claim (see
+/// [`FENCING_TOKEN_ANNOTATION`]).
 pub fn stamped_token(lease: &Lease) -> Option<i64> {
     lease.annotations().get(FENCING_TOKEN_ANNOTATION)?.parse().ok()
 }

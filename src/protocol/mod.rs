@@ -20,8 +20,8 @@
 //! [`RELEASED_LABEL`] in the same write. The controller
 //! validates a claim with [`claim::validate_claim`] and grants it by listing it as an
 //! unrevoked holder in the lock's status ([`granted_token`]). When a lock is deleted,
-//! the controller stamps its holders' claims with [`FENCING_TOKEN_ANNOTATION`] before
-//! letting it go, so a lock re-created under the same name holds their slots back.
+//! the controller revokes every grant and lets the lock go only once no holder's
+//! process may still run (see [`crate::controller::finalizer`]).
 //!
 //! ## The timing contract
 //!
@@ -99,8 +99,9 @@ pub const REQUESTED_AT_ANNOTATION: &str = "leasehold.dev/requested-at";
 /// lives by *while it waits* ([`timing::wait_lease`]; it renews every third of it). Once
 /// granted it lives by `spec.leaseDurationSeconds`. Absent: the claim's own lease.
 pub const WAIT_LEASE_ANNOTATION: &str = "leasehold.dev/wait-lease-seconds";
-/// Annotation the controller stamps on a holder's claim when the lock is deleted: the
-/// grant's fencing token.
+/// Annotation earlier builds of the controller stamped on a holder's claim when the
+/// lock was deleted (the grant's fencing token). A lock re-created under the same name
+/// still holds such a claim's slot back until its process has stopped.
 pub const FENCING_TOKEN_ANNOTATION: &str = "leasehold.dev/fencing-token";
 
 /// The fencing token with which `status` grants `claim`: `Some` only while the claim

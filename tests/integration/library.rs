@@ -110,61 +110,98 @@ async fn a_waiter_whose_watch_stalls_is_granted_within_a_lease() {
     proxy.thaw();
 }
 
-/// Delete lock `l`, wait until it is gone, and read the fencing token stamped on `claim`.
-async fn delete_lock_and_read_stamp(ns: &TestNs, claim: &str) -> Option<String> {
-    ns.locks().delete("l", &Default::default()).await.unwrap();
+/// Wait until the deleted lock `l` is gone.
+async fn lock_gone(ns: &TestNs) {
     wait_for("the old lock gone", DEADLINE, || async {
         ns.locks().get_opt("l").await.unwrap().is_none().then_some(())
     })
     .await;
-    let stamped = leases(ns).get(claim).await.unwrap();
-    stamped
-        .annotations()
-        .get(leasehold::protocol::FENCING_TOKEN_ANNOTATION)
-        .cloned()
+}
+
+/// The pods of `lock`'s holders, each with its revocation reason (if revoked).
+fn revoked_for(lock: &leasehold::api::DistributedLock) -> Vec<(String, Option<RevokeReason>)> {
+    let holders = lock.status.iter().flat_map(|s| &s.holders);
+    holders
+        .map(|h| (h.pod.clone(), h.revoked.as_ref().map(|r| r.reason)))
+        .collect()
 }
 
 #[tokio::test]
-async fn a_holder_of_a_deleted_lock_keeps_its_slot_in_the_re_created_lock_until_it_stops() {
+async fn a_deleted_lock_revokes_its_holder_and_goes_only_once_it_stopped() {
     let ns = TestNs::new("finalize").await;
     let _c = spawn_controller(&ns, "finalize");
     ns.lock("l", spec(30)).await;
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    // a's process goes on renewing its claim whatever becomes of the lock.
+    // a's process goes on renewing its claim, not yet aware of anything.
     let claim_a = claim(&ns, "l", &a, 30).await;
     let renewing = keep_renewing(&ns, &claim_a, Duration::from_secs(2));
     let held = ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
     let token = held.status.as_ref().unwrap().holders[0].fencing_token;
-    let stamp = delete_lock_and_read_stamp(&ns, &claim_a).await;
-    assert_eq!(
-        stamp,
-        Some(token.to_string()),
-        "the deleted lock's holder is stamped before the lock goes"
+    ns.locks().delete("l", &Default::default()).await.unwrap();
+    let closing = ns
+        .wait_lock("l", "a's grant revoked by the deletion", |l| {
+            revoked_for(l) == [("a".to_string(), Some(RevokeReason::LockDeleted))]
+        })
+        .await;
+    assert!(
+        closing.metadata.deletion_timestamp.is_some(),
+        "the lock stays while a may run"
     );
+    // a stops and says so with a valid release: the lock goes at once, and a lock
+    // re-created under its name grants afresh, above the old tokens.
+    renewing.abort();
+    release(&ns, &claim_a).await;
+    lock_gone(&ns).await;
     ns.lock("l", spec(30)).await;
     let claim_b = claim(&ns, "l", &b, 30).await;
     let _renewing_b = keep_renewing(&ns, &claim_b, Duration::from_secs(2));
-    let lock = ns
-        .wait_lock("l", "a's old grant held back, b waiting", |l| {
-            holders(l) == ["a"] && queue(l) == ["b"]
-        })
-        .await;
-    let a_entry = &lock.status.as_ref().unwrap().holders[0];
-    assert_eq!(
-        a_entry.revoked.as_ref().map(|r| r.reason),
-        Some(RevokeReason::ForceReleased),
-        "a process still running on the old lock's grant holds its slot back, revoked"
-    );
-    assert_eq!(a_entry.fencing_token, token);
-    renewing.abort();
-    release(&ns, &claim_a).await;
     let lock = ns.wait_lock("l", "b holds", |l| holders(l) == ["b"]).await;
     let b_token = lock.status.as_ref().unwrap().holders[0].fencing_token;
     assert!(b_token > token, "b's token {b_token} after a's {token}");
 }
 
 #[tokio::test]
-async fn the_successor_of_a_deleted_lock_is_stamped_and_never_granted_claims_anew_in_the_re_created_lock() {
+async fn a_holder_force_deleted_after_its_lock_was_deleted_is_run_out_before_a_re_created_lock_grants() {
+    // The holder's claim goes with its force-deleted pod (garbage collection) while its
+    // process may run on: a lock re-created afterwards could never see it, so the
+    // deleted lock must not go before that process has certainly stopped.
+    let ns = TestNs::new("finalgc").await;
+    let _c = spawn_controller(&ns, "finalgc");
+    let lease = 4;
+    ns.lock("l", spec(lease)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let claim_a = claim(&ns, "l", &a, lease).await;
+    let renewing = keep_renewing(&ns, &claim_a, Duration::from_millis(500));
+    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    ns.locks().delete("l", &Default::default()).await.unwrap();
+    ns.wait_lock("l", "a's grant revoked by the deletion", |l| {
+        revoked_for(l) == [("a".to_string(), Some(RevokeReason::LockDeleted))]
+    })
+    .await;
+    // a's node stops answering: its last renewal was sent before now, so its process
+    // stops by this deadline; its pod is force-deleted and its claim collected.
+    renewing.abort();
+    let a_stops_by =
+        leasehold::protocol::timing::client_stop_by(std::time::Instant::now(), Duration::from_secs(lease as u64));
+    ns.delete_pod("a").await;
+    let _ = leases(&ns).delete(&claim_a, &Default::default()).await;
+    lock_gone(&ns).await;
+    ns.lock("l", spec(lease)).await;
+    let guard_b = tokio::time::timeout(DEADLINE, lock_for(ns.client.clone(), &ns, b).acquire())
+        .await
+        .expect("b is granted the re-created lock")
+        .unwrap();
+    let granted = std::time::Instant::now();
+    assert!(
+        granted >= a_stops_by,
+        "b was granted {:?} before a's process had certainly stopped",
+        a_stops_by - granted
+    );
+    guard_b.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_successor_of_a_deleted_lock_is_revoked_and_claims_anew_in_the_re_created_lock() {
     let ns = TestNs::new("finalsucc").await;
     let _c = spawn_controller(&ns, "finalsucc");
     ns.lock("l", spec(30)).await;
@@ -178,20 +215,27 @@ async fn the_successor_of_a_deleted_lock_is_stamped_and_never_granted_claims_ane
         })
         .await;
     let successor = designated.status.unwrap().successor.unwrap();
-    // A controller may have told b of its grant before any status said so: b's claim
-    // is fenced like a holder's, with its reserved token.
-    let stamp = delete_lock_and_read_stamp(&ns, &successor.claim).await;
-    assert_eq!(
-        stamp,
-        Some(successor.fencing_token.to_string()),
-        "the deleted lock's successor is stamped with its reserved token"
+    // A controller may have told b of its grant before any status said so: the deleted
+    // lock revokes b like a holder, with its reserved token, and a's grant.
+    ns.locks().delete("l", &Default::default()).await.unwrap();
+    let closing = ns
+        .wait_lock("l", "a and b revoked by the deletion", |l| {
+            let revoked = revoked_for(l);
+            revoked.iter().any(|(p, _)| p == "a") && revoked.iter().all(|(_, r)| *r == Some(RevokeReason::LockDeleted))
+        })
+        .await;
+    assert!(
+        closing.status.unwrap().successor.is_none(),
+        "a closing lock designates no one"
     );
     tokio::time::timeout(DEADLINE, guard_a.lost())
         .await
         .expect("a's grant ends with its lock");
+    assert_eq!(*guard_a.state().borrow(), State::Lost(LostReason::LockDeleted));
     guard_a.release().await.expect("a says it stopped");
-    // The re-created lock holds b's stamped claim back as if b might run; b, never
-    // granted, says so with a valid release and waits on with a new claim.
+    // b, never granted, says so with a valid release and waits on with a new claim;
+    // with no holder left the lock goes, and b is granted the re-created lock.
+    lock_gone(&ns).await;
     ns.lock("l", spec(30)).await;
     let guard_b = tokio::time::timeout(DEADLINE, waiting)
         .await
@@ -233,8 +277,8 @@ async fn a_deleted_lock_runs_out_a_held_back_slot_before_it_goes() {
             .is_some_and(|s| s.holders.first().is_some_and(|h| h.revoked.is_some()))
     })
     .await;
-    // The lock is deleted and re-created: a's claim is gone, so no stamp could carry
-    // the hold-back over. The old lock runs it out before it goes, granting nothing.
+    // The lock is deleted and re-created: a's claim is gone, so a re-created lock could
+    // not know of a. The old lock runs the hold-back out before it goes, granting nothing.
     ns.locks().delete("l", &Default::default()).await.unwrap();
     let closing = ns
         .wait_lock("l", "the deleted lock to say it waits for a's slot", |l| {

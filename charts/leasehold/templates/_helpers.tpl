@@ -45,18 +45,18 @@ policy/v1beta1
 {{/* The controller's rules on locks, claims, pods and events (a ClusterRole's, or watchNamespace's Role's). */}}
 {{- define "leasehold.watchRules" -}}
 # Watch locks; write their status (one optimistic PUT per decision); add and remove
-# the finalizer that stamps a deleted lock's holders.
+# the finalizer that keeps a deleted lock until its holders have stopped.
 - apiGroups: ["leasehold.dev"]
   resources: ["distributedlocks"]
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["leasehold.dev"]
   resources: ["distributedlocks/status"]
   verbs: ["update"]
-# Watch claims (a fresh read before expiring one); stamp a deleted lock's holders;
-# delete finished claims (released ones in one deletecollection per namespace).
+# Watch claims (a fresh read before expiring one); delete finished claims (released
+# ones in one deletecollection per namespace).
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["get", "list", "watch", "patch", "delete", "deletecollection"]
+  verbs: ["get", "list", "watch", "delete", "deletecollection"]
 # Watch the pods that own claims (name, uid, phase); a fresh read before an etcd key
 # of a gone pod is held back.
 - apiGroups: [""]
