@@ -252,9 +252,11 @@ pub struct Holder {
     /// queued: only a release mark with the matching secret frees the slot at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_hash: Option<String>,
-    /// Set only while a revoked holder's slot is held back: its claim was taken away
-    /// while its pod lives, so the slot passes on once the pod is gone or one lease
-    /// duration has passed, by when the holder has stopped itself.
+    /// Set only while a revoked holder's slot is held back: its grant was taken away
+    /// (its claim deleted or forged, its pod force-deleted, or its lock deleted) while
+    /// its process may run on, so the slot passes on once the holder releases, its pod
+    /// is seen stopped, or one lease duration has passed without a renewal of its
+    /// claim, by when the holder has stopped itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked: Option<Revocation>,
 }

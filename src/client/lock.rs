@@ -400,11 +400,7 @@ fn watch_revocation(mut events: LockWatch, session: Arc<Session>, token: i64) {
             };
             let reason = match seen {
                 Seen::Gone => LostReason::LockDeleted,
-                // A deleted lock revokes every grant before it goes.
-                Seen::Lock(lock) if !grants(&lock, &session.claim, token) => match lock.metadata.deletion_timestamp {
-                    Some(_) => LostReason::LockDeleted,
-                    None => LostReason::Revoked,
-                },
+                Seen::Lock(lock) if !grants(&lock, &session.claim, token) => lost_reason(&lock, &session.claim),
                 Seen::Lock(lock) => {
                     // A new leader publishes where it takes notices with its writes.
                     let url = lock.status.as_ref().and_then(|s| s.release_url.as_deref());
@@ -417,6 +413,17 @@ fn watch_revocation(mut events: LockWatch, session: Arc<Session>, token: i64) {
             return;
         }
     });
+}
+
+/// Why a status that no longer grants `claim` took its grant: `LockDeleted` when the
+/// deleted lock revoked it (a deleted lock revokes every grant before it goes).
+fn lost_reason(lock: &DistributedLock, claim: &str) -> LostReason {
+    let holders = lock.status.iter().flat_map(|s| &s.holders);
+    let revoked = holders.filter(|h| h.claim == claim).find_map(|h| h.revoked.as_ref());
+    match revoked.map(|r| r.reason) {
+        Some(crate::api::RevokeReason::LockDeleted) => LostReason::LockDeleted,
+        _ => LostReason::Revoked,
+    }
 }
 
 fn grants(lock: &DistributedLock, claim: &str, token: i64) -> bool {

@@ -27,7 +27,12 @@ pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
     ctx.tombstones
         .settle(&ns, &name, |c| crate::protocol::names_claim(&d.status, c));
     let m = &ctx.metrics;
-    m.set_queue_depth(&ns, &name, d.status.queue.len());
+    // A deleted lock with no holder left goes now: a reconcile of it that ends after
+    // its deletion was seen must not bring its series back.
+    let going = lock.metadata.deletion_timestamp.is_some() && !super::finalizer::occupied(Some(&d.status));
+    if !going {
+        m.set_queue_depth(&ns, &name, d.status.queue.len());
+    }
     let granted_any = d.actions.iter().any(|a| matches!(a.kind, ActionKind::Granted(_)));
     let now = Timestamp::now();
     let old = lock.status.clone().unwrap_or_default();

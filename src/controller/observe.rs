@@ -132,6 +132,16 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         let renewed = renewed_at(&leases, &tracker, &h.claim);
         let ends = tracker.hold_back_ends(&ns, &name, &h.claim, holder_lease(lease, h), renewed, now);
         if now >= ends {
+            // A claim still there (a deleted lock keeps its revoked holders' claims for
+            // their releases) may have been renewed unseen, behind a stalled watch: the
+            // end is confirmed like an expiry, by a fresh read and a deletion under it.
+            let released = claims.iter().any(|c| c.name == h.claim && c.released);
+            let there = leases
+                .iter()
+                .find(|l| l.name_any() == h.claim && !gone_names.contains(&h.claim));
+            if let Some(l) = there.filter(|_| !released) {
+                expired_claims.push(l.clone());
+            }
             elapsed.insert(h.claim.clone());
         } else {
             deadlines.push(ends);

@@ -89,8 +89,8 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         // nothing on caches that may lack claims and pods.
         return Ok(Requeue::await_change());
     }
-    // A deleted lock with the finalizer is decided on (closing) until no slot is held
-    // back; one without has nothing to fence.
+    // A deleted lock with the finalizer is decided on (closing) until it has no holder
+    // left; one without has nothing to fence.
     let fenced = lock.spec.etcd().is_none() && super::finalizer::has_finalizer(&lock);
     if lock.metadata.deletion_timestamp.is_some() && !fenced {
         return Ok(super::finalizer::retire(&ctx, &lock).await?);

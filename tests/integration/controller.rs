@@ -169,6 +169,44 @@ async fn a_stalled_claim_watch_never_expires_a_live_holder() {
 }
 
 #[tokio::test]
+async fn a_deleted_lock_behind_a_stalled_claim_watch_never_lets_a_renewing_holder_go() {
+    // A deleted lock keeps its revoked holder's claim (for its release). A holder that
+    // has not seen the revocation renews it, but the controller's watches stall: the
+    // hold-back must not end on the renewals the watch shows alone.
+    let ns = TestNs::new("stalewatchdel").await;
+    let (proxy, _c) = controller_with_proxied_watches(&ns, "stalewatchdel").await;
+    ns.lock("l", spec(2, 1)).await;
+    let a = ns.pod("a").await;
+    let ca = claim(&ns, "l", &a, 2).await;
+    let renewing = keep_renewing(&ns, &ca, Duration::from_millis(400));
+    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    ns.locks().delete("l", &Default::default()).await.unwrap();
+    ns.wait_lock("l", "a revoked by the deletion", |l| {
+        let h = l.status.as_ref().and_then(|s| s.holders.first());
+        h.and_then(|h| h.revoked.as_ref())
+            .is_some_and(|r| r.reason == RevokeReason::LockDeleted)
+    })
+    .await;
+    proxy.freeze_open();
+    // Twice the hold-back (2 s lease + 2 s grace), observed every 100 ms.
+    let (started, until) = (Instant::now(), Instant::now() + Duration::from_secs(8));
+    while Instant::now() < until {
+        let at = started.elapsed();
+        let l = ns.locks().get_opt("l").await.unwrap();
+        let l = l.unwrap_or_else(|| panic!("the lock went {at:?} in, while a renewed"));
+        assert_eq!(holders(&l), ["a"], "a's slot was freed {at:?} in, while a renewed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    proxy.thaw();
+    // a stops: its slot passes once its claim is no longer renewed, and the lock goes.
+    renewing.abort();
+    wait_for("the deleted lock gone", DEADLINE, || async {
+        ns.locks().get_opt("l").await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_holder_is_judged_by_the_lease_of_its_grant_not_a_patched_claim() {
     let ns = TestNs::new("leasepatch").await;
     let _c = spawn_controller(&ns, "leasepatch");

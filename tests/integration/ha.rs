@@ -168,6 +168,7 @@ async fn metrics_are_openmetrics_with_build_info_and_a_deleted_locks_series_go()
         "the only replica leads:\n{body}"
     );
 
+    let mut claims = Vec::new();
     for lock in ["gone", "kept"] {
         ns.lock(
             lock,
@@ -179,7 +180,7 @@ async fn metrics_are_openmetrics_with_build_info_and_a_deleted_locks_series_go()
         )
         .await;
         let pod = ns.pod(&format!("p-{lock}")).await;
-        claim(&ns, lock, &pod, 60).await;
+        claims.push(claim(&ns, lock, &pod, 60).await);
         ns.wait_lock(lock, "the claim holds", |l| holders(l).len() == 1).await;
     }
     let series = |lock: &str| format!("{{namespace=\"{}\",lock=\"{lock}\"}}", ns.name);
@@ -190,7 +191,9 @@ async fn metrics_are_openmetrics_with_build_info_and_a_deleted_locks_series_go()
         (body.contains(&series("gone")) && body.contains(&series("kept"))).then_some(())
     })
     .await;
+    // The deleted lock revokes its holder and goes once the holder has stopped.
     ns.locks().delete("gone", &Default::default()).await.unwrap();
+    release(&ns, &claims[0]).await;
     let body = wait_for("the deleted lock's series to go", DEADLINE, || async {
         let (_, body) = get(port, "/metrics").await?;
         (!body.contains(&series("gone"))).then_some(body)
