@@ -126,6 +126,56 @@ fn revoked_for(lock: &leasehold::api::DistributedLock) -> Vec<(String, Option<Re
         .collect()
 }
 
+/// Lock `l` (lease `lease`) with pods a and b, held by a's claim, which a's process
+/// renews until its node stops answering: (b, a's claim, the renewing task).
+async fn held_by_a_renewing(ns: &TestNs, lease: i32) -> (PodIdentity, String, tokio::task::JoinHandle<()>) {
+    ns.lock("l", spec(lease)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let claim_a = claim(ns, "l", &a, lease).await;
+    let renewing = keep_renewing(ns, &claim_a, Duration::from_millis(500));
+    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    (b, claim_a, renewing)
+}
+
+/// Pod a's node stops answering: its renewals of `claim_a` end (the last was sent
+/// before now, so its process stops by the deadline returned), its pod is force-deleted
+/// (no kubelet says its containers stopped) and its claim goes with it (pod GC).
+async fn cut_off_and_force_deleted(
+    ns: &TestNs,
+    claim_a: &str,
+    renewing: tokio::task::JoinHandle<()>,
+    lease: i32,
+) -> std::time::Instant {
+    renewing.abort();
+    let stops_by =
+        leasehold::protocol::timing::client_stop_by(std::time::Instant::now(), Duration::from_secs(lease as u64));
+    ns.delete_pod("a").await;
+    let _ = leases(ns).delete(claim_a, &Default::default()).await;
+    stops_by
+}
+
+/// Once the deleted lock `l` is gone, re-create it: `grant` (b's acquisition) must not
+/// complete before `a_stops_by`, when a's process has certainly stopped.
+async fn re_created_grants_no_sooner_than(
+    ns: &TestNs,
+    lease: i32,
+    grant: impl std::future::Future<Output = leasehold::client::Guard>,
+    a_stops_by: std::time::Instant,
+) {
+    lock_gone(ns).await;
+    ns.lock("l", spec(lease)).await;
+    let guard_b = tokio::time::timeout(DEADLINE, grant)
+        .await
+        .expect("b is granted the re-created lock");
+    let granted = std::time::Instant::now();
+    assert!(
+        granted >= a_stops_by,
+        "b was granted {:?} before a's process had certainly stopped",
+        a_stops_by - granted
+    );
+    guard_b.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_deleted_lock_revokes_its_holder_and_goes_only_once_it_stopped() {
     let ns = TestNs::new("finalize").await;
@@ -168,36 +218,16 @@ async fn a_holder_force_deleted_after_its_lock_was_deleted_is_run_out_before_a_r
     let ns = TestNs::new("finalgc").await;
     let _c = spawn_controller(&ns, "finalgc");
     let lease = 4;
-    ns.lock("l", spec(lease)).await;
-    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    let claim_a = claim(&ns, "l", &a, lease).await;
-    let renewing = keep_renewing(&ns, &claim_a, Duration::from_millis(500));
-    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    let (b, claim_a, renewing) = held_by_a_renewing(&ns, lease).await;
     ns.locks().delete("l", &Default::default()).await.unwrap();
     ns.wait_lock("l", "a's grant revoked by the deletion", |l| {
         revoked_for(l) == [("a".to_string(), Some(RevokeReason::LockDeleted))]
     })
     .await;
-    // a's node stops answering: its last renewal was sent before now, so its process
-    // stops by this deadline; its pod is force-deleted and its claim collected.
-    renewing.abort();
-    let a_stops_by =
-        leasehold::protocol::timing::client_stop_by(std::time::Instant::now(), Duration::from_secs(lease as u64));
-    ns.delete_pod("a").await;
-    let _ = leases(&ns).delete(&claim_a, &Default::default()).await;
-    lock_gone(&ns).await;
-    ns.lock("l", spec(lease)).await;
-    let guard_b = tokio::time::timeout(DEADLINE, lock_for(ns.client.clone(), &ns, b).acquire())
-        .await
-        .expect("b is granted the re-created lock")
-        .unwrap();
-    let granted = std::time::Instant::now();
-    assert!(
-        granted >= a_stops_by,
-        "b was granted {:?} before a's process had certainly stopped",
-        a_stops_by - granted
-    );
-    guard_b.release().await.unwrap();
+    let a_stops_by = cut_off_and_force_deleted(&ns, &claim_a, renewing, lease).await;
+    let lock_b = lock_for(ns.client.clone(), &ns, b);
+    let grant = async move { lock_b.acquire().await.unwrap() };
+    re_created_grants_no_sooner_than(&ns, lease, grant, a_stops_by).await;
 }
 
 #[tokio::test]
@@ -254,23 +284,12 @@ async fn a_deleted_lock_runs_out_a_held_back_slot_before_it_goes() {
     let ns = TestNs::new("finalheld").await;
     let _c = spawn_controller(&ns, "finalheld");
     let lease = 4;
-    ns.lock("l", spec(lease)).await;
-    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    // a's process renews its claim until its node stops answering.
-    let claim_a = claim(&ns, "l", &a, lease).await;
-    let renewing = keep_renewing(&ns, &claim_a, Duration::from_millis(500));
-    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    let (b, claim_a, renewing) = held_by_a_renewing(&ns, lease).await;
     let lock_b = lock_for(ns.client.clone(), &ns, b);
     let waiting = tokio::spawn(async move { lock_b.acquire().await });
     ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
-    renewing.abort();
-    // a's last renewal was sent before now: its process stops by this deadline.
-    let a_stops_by =
-        leasehold::protocol::timing::client_stop_by(std::time::Instant::now(), Duration::from_secs(lease as u64));
-    // Its pod is force-deleted (no kubelet says its containers stopped), and its claim
-    // goes with it (pod GC): a's slot is held back, as its process may run on.
-    ns.delete_pod("a").await;
-    let _ = leases(&ns).delete(&claim_a, &Default::default()).await;
+    // a is cut off and force-deleted: its slot is held back, as its process may run on.
+    let a_stops_by = cut_off_and_force_deleted(&ns, &claim_a, renewing, lease).await;
     ns.wait_lock("l", "a's slot held back", |l| {
         l.status
             .as_ref()
@@ -293,23 +312,8 @@ async fn a_deleted_lock_runs_out_a_held_back_slot_before_it_goes() {
         holders(&closing).iter().all(|h| h != "b"),
         "a closing lock grants nothing"
     );
-    wait_for("the old lock gone", DEADLINE, || async {
-        ns.locks().get_opt("l").await.unwrap().is_none().then_some(())
-    })
-    .await;
-    ns.lock("l", spec(lease)).await;
-    let guard_b = tokio::time::timeout(DEADLINE, waiting)
-        .await
-        .expect("b is granted the re-created lock")
-        .unwrap()
-        .unwrap();
-    let granted = std::time::Instant::now();
-    assert!(
-        granted >= a_stops_by,
-        "b was granted {:?} before a's process had certainly stopped",
-        a_stops_by - granted
-    );
-    guard_b.release().await.unwrap();
+    let grant = async move { waiting.await.unwrap().unwrap() };
+    re_created_grants_no_sooner_than(&ns, lease, grant, a_stops_by).await;
 }
 
 /// The `spec.renewTime`s of claim `claim`, as seen until `n` distinct ones were.
