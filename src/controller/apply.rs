@@ -29,8 +29,7 @@ pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
     let m = &ctx.metrics;
     // A deleted lock with no holder left goes now: a reconcile of it that ends after
     // its deletion was seen must not bring its series back.
-    let going = lock.metadata.deletion_timestamp.is_some() && !super::finalizer::occupied(Some(&d.status));
-    if !going {
+    if !super::finalizer::lets_go(lock, &d.status) {
         m.set_queue_depth(&ns, &name, d.status.queue.len());
     }
     let granted_any = d.actions.iter().any(|a| matches!(a.kind, ActionKind::Granted(_)));

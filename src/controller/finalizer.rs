@@ -25,7 +25,7 @@ use kube::runtime::controller::Action as Requeue;
 use super::context::Context;
 use crate::api::{DistributedLock, DistributedLockStatus};
 
-/// How soon a deleted lock found still occupied at its retirement is looked at
+/// How soon a deleted lock found still [occupied](crate::decide::occupied) at its retirement is looked at
 /// again (its reconcile requeues itself for the hold-back's end; this is a backstop).
 const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -122,10 +122,16 @@ pub async fn ensure(
     Ok(true)
 }
 
-/// Whether `status` still names a holder (revoked or not) or a successor: a process
-/// that may run under the lock. A deleted lock is let go only once it names none.
-pub fn occupied(status: Option<&DistributedLockStatus>) -> bool {
-    status.is_some_and(|s| !s.holders.is_empty() || s.successor.is_some())
+/// Whether `lock` is fenced by the finalizer: a Lease-backed lock carrying it, decided
+/// on as closing once deleted (an etcd-backed lock's holders live by their keys).
+pub fn fences(lock: &DistributedLock) -> bool {
+    lock.spec.etcd().is_none() && has_finalizer(lock)
+}
+
+/// Whether `lock` is deleted and, judged by `status`, no process may run under it any
+/// more ([`crate::decide::occupied`]): it goes now.
+pub fn lets_go(lock: &DistributedLock, status: &DistributedLockStatus) -> bool {
+    lock.metadata.deletion_timestamp.is_some() && !crate::decide::occupied(status)
 }
 
 /// A deleted lock: let it go, once no holder's process may still run (Lease backend;
@@ -142,7 +148,7 @@ pub async fn retire(ctx: &Context, lock: &DistributedLock) -> Result<Requeue, Er
     if !has_finalizer(&fresh) {
         return Ok(Requeue::await_change());
     }
-    if fresh.spec.etcd().is_none() && occupied(fresh.status.as_ref()) {
+    if fresh.spec.etcd().is_none() && fresh.status.as_ref().is_some_and(crate::decide::occupied) {
         // Written since the caller looked (another replica): decide on it again.
         return Ok(Requeue::requeue(RECHECK));
     }

@@ -91,8 +91,7 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
     }
     // A deleted lock with the finalizer is decided on (closing) until it has no holder
     // left; one without has nothing to fence.
-    let fenced = lock.spec.etcd().is_none() && super::finalizer::has_finalizer(&lock);
-    if lock.metadata.deletion_timestamp.is_some() && !fenced {
+    if lock.metadata.deletion_timestamp.is_some() && !super::finalizer::fences(&lock) {
         return Ok(super::finalizer::retire(&ctx, &lock).await?);
     }
     if let Some(backend) = lock.spec.etcd() {
@@ -129,11 +128,11 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         }
         after_write(&ctx, &current, &plan);
         ctx.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
+        // `current` is the lock before the write: judge by the status written.
+        if super::finalizer::lets_go(&current, &plan.decision.status) {
+            return Ok(super::finalizer::retire(&ctx, &current).await?);
+        }
         if current.metadata.deletion_timestamp.is_some() {
-            // `current` is the lock before the write: judge by the status written.
-            if !super::finalizer::occupied(Some(&plan.decision.status)) {
-                return Ok(super::finalizer::retire(&ctx, &current).await?);
-            }
             tracing::info!("deleted: every grant revoked; the lock goes once its holders have stopped");
         }
         // A claim to delete is looked at again once its deletion may have failed, even
@@ -426,10 +425,10 @@ pub fn with_conditions(
 }
 
 /// Why a deleted lock is still there, if it waits for its revoked holders to stop (see
-/// [`super::finalizer::occupied`]): the pods whose processes may still run.
+/// [`crate::decide::occupied`]): the pods whose processes may still run.
 fn deletion_waits(lock: &DistributedLock, status: &DistributedLockStatus) -> Option<String> {
-    let fenced = lock.spec.etcd().is_none() && super::finalizer::has_finalizer(lock);
-    if lock.metadata.deletion_timestamp.is_none() || !fenced || !super::finalizer::occupied(Some(status)) {
+    if lock.metadata.deletion_timestamp.is_none() || !super::finalizer::fences(lock) || !crate::decide::occupied(status)
+    {
         return None;
     }
     let pods: Vec<&str> = status.holders.iter().map(|h| h.pod.as_str()).collect();

@@ -109,6 +109,12 @@ fn stated_lease(world: &World<'_>, name: &str) -> Option<i32> {
     Some(claim.lease_seconds).filter(|l| *l > 0)
 }
 
+/// Whether `status` still names a holder (revoked or not) or a successor: a process
+/// that may run under the lock. A closing lock may be let go only once it names none.
+pub fn occupied(status: &DistributedLockStatus) -> bool {
+    !status.holders.is_empty() || status.successor.is_some()
+}
+
 /// Compute the lock's next status and the actions that lead there.
 pub fn decide(world: &World<'_>) -> Decision {
     let mut d = Decision {

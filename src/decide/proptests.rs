@@ -305,7 +305,7 @@ impl Model {
             return;
         }
         self.decide_and_check();
-        if !self.f.status.holders.is_empty() || self.f.status.successor.is_some() {
+        if occupied(&self.f.status) {
             return; // the finalizer waits
         }
         let status = std::mem::take(&mut self.f.status);
