@@ -182,28 +182,20 @@ async fn a_deleted_lock_behind_a_stalled_claim_watch_never_lets_a_renewing_holde
     ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
     ns.locks().delete("l", &Default::default()).await.unwrap();
     ns.wait_lock("l", "a revoked by the deletion", |l| {
-        let h = l.status.as_ref().and_then(|s| s.holders.first());
-        h.and_then(|h| h.revoked.as_ref())
-            .is_some_and(|r| r.reason == RevokeReason::LockDeleted)
+        revoked_for(l) == [("a".to_string(), Some(RevokeReason::LockDeleted))]
     })
     .await;
     proxy.freeze_open();
-    // Twice the hold-back (2 s lease + 2 s grace), observed every 100 ms.
-    let (started, until) = (Instant::now(), Instant::now() + Duration::from_secs(8));
-    while Instant::now() < until {
-        let at = started.elapsed();
-        let l = ns.locks().get_opt("l").await.unwrap();
+    // Twice the hold-back (2 s lease + 2 s grace).
+    throughout(&ns, Duration::from_secs(8), |l, at| {
         let l = l.unwrap_or_else(|| panic!("the lock went {at:?} in, while a renewed"));
-        assert_eq!(holders(&l), ["a"], "a's slot was freed {at:?} in, while a renewed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        assert_eq!(holders(l), ["a"], "a's slot was freed {at:?} in, while a renewed");
+    })
+    .await;
     proxy.thaw();
     // a stops: its slot passes once its claim is no longer renewed, and the lock goes.
     renewing.abort();
-    wait_for("the deleted lock gone", DEADLINE, || async {
-        ns.locks().get_opt("l").await.unwrap().is_none().then_some(())
-    })
-    .await;
+    ns.wait_gone("l").await;
 }
 
 #[tokio::test]

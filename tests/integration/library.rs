@@ -68,10 +68,7 @@ async fn a_lock_re_created_under_the_same_name_issues_higher_tokens() {
     }
     // An uninstall/reinstall or a GitOps replace: the lock goes and comes back at once.
     ns.locks().delete("l", &Default::default()).await.unwrap();
-    wait_for("the old lock gone", DEADLINE, || async {
-        ns.locks().get_opt("l").await.unwrap().is_none().then_some(())
-    })
-    .await;
+    ns.wait_gone("l").await;
     ns.lock("l", spec(15)).await;
     let g = lock_for(ns.client.clone(), &ns, b).acquire().await.unwrap();
     let newest = *old.iter().max().unwrap();
@@ -110,22 +107,6 @@ async fn a_waiter_whose_watch_stalls_is_granted_within_a_lease() {
     proxy.thaw();
 }
 
-/// Wait until the deleted lock `l` is gone.
-async fn lock_gone(ns: &TestNs) {
-    wait_for("the old lock gone", DEADLINE, || async {
-        ns.locks().get_opt("l").await.unwrap().is_none().then_some(())
-    })
-    .await;
-}
-
-/// The pods of `lock`'s holders, each with its revocation reason (if revoked).
-fn revoked_for(lock: &leasehold::api::DistributedLock) -> Vec<(String, Option<RevokeReason>)> {
-    let holders = lock.status.iter().flat_map(|s| &s.holders);
-    holders
-        .map(|h| (h.pod.clone(), h.revoked.as_ref().map(|r| r.reason)))
-        .collect()
-}
-
 /// Lock `l` (lease `lease`) with pods a and b, held by a's claim, which a's process
 /// renews until its node stops answering: (b, a's claim, the renewing task).
 async fn held_by_a_renewing(ns: &TestNs, lease: i32) -> (PodIdentity, String, tokio::task::JoinHandle<()>) {
@@ -162,7 +143,7 @@ async fn re_created_grants_no_sooner_than(
     grant: impl std::future::Future<Output = leasehold::client::Guard>,
     a_stops_by: std::time::Instant,
 ) {
-    lock_gone(ns).await;
+    ns.wait_gone("l").await;
     ns.lock("l", spec(lease)).await;
     let guard_b = tokio::time::timeout(DEADLINE, grant)
         .await
@@ -201,7 +182,7 @@ async fn a_deleted_lock_revokes_its_holder_and_goes_only_once_it_stopped() {
     // re-created under its name grants afresh, above the old tokens.
     renewing.abort();
     release(&ns, &claim_a).await;
-    lock_gone(&ns).await;
+    ns.wait_gone("l").await;
     ns.lock("l", spec(30)).await;
     let claim_b = claim(&ns, "l", &b, 30).await;
     let _renewing_b = keep_renewing(&ns, &claim_b, Duration::from_secs(2));
@@ -265,7 +246,7 @@ async fn the_successor_of_a_deleted_lock_is_revoked_and_claims_anew_in_the_re_cr
     guard_a.release().await.expect("a says it stopped");
     // b, never granted, says so with a valid release and waits on with a new claim;
     // with no holder left the lock goes, and b is granted the re-created lock.
-    lock_gone(&ns).await;
+    ns.wait_gone("l").await;
     ns.lock("l", spec(30)).await;
     let guard_b = tokio::time::timeout(DEADLINE, waiting)
         .await

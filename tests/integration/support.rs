@@ -153,6 +153,14 @@ impl TestNs {
         self.pods().delete(pod, &Default::default()).await.expect("delete pod");
     }
 
+    /// Wait until the deleted lock `lock` is gone.
+    pub async fn wait_gone(&self, lock: &str) {
+        wait_for(&format!("the deleted lock {lock} gone"), DEADLINE, || async {
+            self.locks().get_opt(lock).await.unwrap().is_none().then_some(())
+        })
+        .await;
+    }
+
     /// Wait until the lock's status satisfies `pred`; return that lock.
     pub async fn wait_lock(&self, lock: &str, what: &str, pred: impl Fn(&DistributedLock) -> bool) -> DistributedLock {
         let api = self.locks();
@@ -387,19 +395,36 @@ pub async fn live_holder_and_waiter(ns: &TestNs, lease: i32) -> [tokio::task::Jo
     [ra, rb]
 }
 
+/// For `how_long`, `check` holds for lock `l` as read every 100 ms (`None`: gone),
+/// given how long into the observation it was read.
+pub async fn throughout(ns: &TestNs, how_long: Duration, check: impl Fn(Option<&DistributedLock>, Duration)) {
+    let (started, until) = (Instant::now(), Instant::now() + how_long);
+    while Instant::now() < until {
+        let l = ns.locks().get_opt("l").await.unwrap();
+        check(l.as_ref(), started.elapsed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The pods of `lock`'s holders, each with its revocation reason (if revoked).
+pub fn revoked_for(lock: &DistributedLock) -> Vec<(String, Option<leasehold::api::RevokeReason>)> {
+    let holders = lock.status.iter().flat_map(|s| &s.holders);
+    holders
+        .map(|h| (h.pod.clone(), h.revoked.as_ref().map(|r| r.reason)))
+        .collect()
+}
+
 /// For `how_long`, lock `l` keeps live holder a, waiter b and its tokens, and no
 /// Revoked or Dropped event appears (observed every 100 ms).
 pub async fn assert_undisturbed(ns: &TestNs, how_long: Duration) {
     let token = tokens(&ns.locks().get("l").await.unwrap());
-    let (started, until) = (Instant::now(), Instant::now() + how_long);
-    while Instant::now() < until {
-        let l = ns.locks().get("l").await.unwrap();
-        let at = started.elapsed();
-        assert_eq!(holders(&l), ["a"], "the live holder was revoked {at:?} in");
-        assert_eq!(queue(&l), ["b"], "the live waiter was dropped {at:?} in");
-        assert_eq!(tokens(&l), token, "a new grant {at:?} in");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    throughout(ns, how_long, |l, at| {
+        let l = l.unwrap_or_else(|| panic!("the lock went {at:?} in"));
+        assert_eq!(holders(l), ["a"], "the live holder was revoked {at:?} in");
+        assert_eq!(queue(l), ["b"], "the live waiter was dropped {at:?} in");
+        assert_eq!(tokens(l), token, "a new grant {at:?} in");
+    })
+    .await;
     let reasons = event_reasons(ns, "l").await;
     assert!(!reasons.iter().any(|r| r == "Revoked" || r == "Dropped"), "{reasons:?}");
 }
