@@ -337,4 +337,9 @@ pub struct Waiter {
     /// The SHA-256 hash of the claim's release secret, recorded when it was queued.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_hash: Option<String>,
+    /// The lease its process lives by, as its claim stated when it was first queued.
+    /// Never lowered afterwards (a neighbour patching the claim down cannot shorten the
+    /// lease its grant records), and checked by the client before it acts on its grant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_duration_seconds: Option<i32>,
 }

@@ -18,6 +18,7 @@ use super::session::{LostReason, Session};
 use super::watch::{LockWatch, Seen};
 use super::{Error, WaitStatus, identity_from_env};
 use crate::api::{DEFAULT_LEASE_DURATION_SECONDS, DistributedLock};
+use crate::protocol::record::{self, Tampered, Written};
 use crate::protocol::timing::renew_interval;
 use crate::protocol::{PodIdentity, granted_token, held_back, still_grants};
 
@@ -127,6 +128,8 @@ enum Outcome {
     WouldBlock,
     /// Listed as a revoked holder whose slot is held back, though never granted.
     HeldBack,
+    /// The status records the claim otherwise than this process wrote it.
+    Tampered(Tampered),
 }
 
 // === impl Lock ===
@@ -214,18 +217,26 @@ impl Lock {
             // If this future is dropped from here on, the claim is withdrawn.
             let mut withdraw = Withdraw(Some(session.clone()));
             let outcome = self.wait_grant(&mut events, &session, &mode, exists).await;
-            if !matches!(outcome, Ok(Outcome::HeldBack)) {
-                break (session, renewal, withdraw, outcome);
+            match &outcome {
+                // The lock holds a slot back for this claim as if its process might run
+                // (a deleted lock revoking the successor it had designated, or a forged
+                // mark), yet it was never granted: a valid release says so, freeing the
+                // slot (unless the controller deleted the claim first: then the slot is
+                // held back its lease), and a new claim waits on, at the back of the queue.
+                Ok(Outcome::HeldBack) => tracing::info!(
+                    claim = session.claim,
+                    "the claim is held back though never granted: claiming anew"
+                ),
+                // Someone changed the claim before the controller recorded it: a grant
+                // under that record is not this process's to act on (see
+                // `protocol::record`). Withdrawn, never acted on; a new claim waits on.
+                Ok(Outcome::Tampered(field)) => tracing::warn!(
+                    claim = session.claim,
+                    field = field.field(),
+                    "{field}: withdrawing the claim without acting on it, and claiming anew"
+                ),
+                _ => break (session, renewal, withdraw, outcome),
             }
-            // The lock holds a slot back for this claim as if its process might run (a
-            // deleted lock revoking the successor it had designated, or a forged mark),
-            // yet it was never granted: a valid release says so, freeing
-            // the slot (unless the controller deleted the claim first: then the slot is
-            // held back its lease), and a new claim waits on, at the back of the queue.
-            tracing::info!(
-                claim = session.claim,
-                "the claim is held back though never granted: claiming anew"
-            );
             withdraw.0 = None;
             withdraw_now(&session).await;
             if matches!(mode, Mode::Try) {
@@ -319,6 +330,13 @@ impl Lock {
         exists: bool,
     ) -> Result<Outcome, Error> {
         let claim = session.claim.as_str();
+        let hash = session.release_hash();
+        let wrote = Written {
+            pod: &self.identity.name,
+            pod_uid: &self.identity.uid,
+            release_hash: hash.as_deref(),
+            lease_seconds: i32::try_from(session.lease.as_secs()).unwrap_or(i32::MAX),
+        };
         let now = tokio::time::Instant::now;
         let until = match mode {
             Mode::Wait => None,
@@ -360,6 +378,12 @@ impl Lock {
                 }
             };
             let status = lock.status.clone().unwrap_or_default();
+            // Checked before anything in the status is acted on, a direct grant included
+            // (it is followed only from a status checked here).
+            if let Err(field) = record::check(&status, claim, &wrote) {
+                direct.stop();
+                return Ok(Outcome::Tampered(field));
+            }
             if let Some(token) = granted_token(&status, claim) {
                 session.set_release_url(status.release_url.as_deref());
                 return Ok(Outcome::Granted(token));

@@ -255,6 +255,16 @@ impl Session {
         });
     }
 
+    /// The hash of the claim's release secret, as its creation wrote it (`None` for a
+    /// backend whose claims carry none).
+    pub fn release_hash(&self) -> Option<String> {
+        match &self.release {
+            Release::Kube { secret, .. } => Some(secret.hash()),
+            #[cfg(feature = "etcd")]
+            Release::Etcd(_) => None,
+        }
+    }
+
     /// Where the controller takes release notices, as the lock's status last said
     /// (see [`crate::protocol::notice`]); `None` when it says nothing.
     pub fn set_release_url(&self, url: Option<&str>) {

@@ -24,8 +24,9 @@ use crate::decide::ActionKind;
 pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
     let d = &plan.decision;
     let (ns, name) = (lock.namespace().unwrap_or_default(), lock.name_any());
+    let stored = |c: &str| ctx.leases.get(&ObjectRef::new(c).within(&ns)).is_some();
     ctx.tombstones
-        .settle(&ns, &name, |c| crate::protocol::names_claim(&d.status, c));
+        .settle(&ns, &name, |c| crate::protocol::names_claim(&d.status, c), stored);
     let m = &ctx.metrics;
     // A deleted lock with no holder left goes now: a reconcile of it that ends after
     // its deletion was seen must not bring its series back.

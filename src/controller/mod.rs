@@ -23,6 +23,7 @@ pub mod pods;
 pub mod prompt;
 pub mod reconcile;
 pub mod relisted;
+pub mod strays;
 pub mod sweep;
 pub mod tracker;
 mod watches;

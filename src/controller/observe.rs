@@ -16,6 +16,7 @@ use super::tracker::Tracker;
 use crate::api::{DistributedLock, DistributedLockStatus, Holder};
 use crate::decide::{ClaimView, Decision, World, decide};
 use crate::protocol::claim;
+use crate::protocol::record::{self, Tampered, Written};
 use crate::protocol::release::{self, Mark};
 use crate::protocol::timing::MAX_LEASE_SECONDS;
 
@@ -34,6 +35,9 @@ pub struct Plan {
     pub released_seen: Vec<(String, Instant)>,
     /// The claims judged expired, to be confirmed with a fresh read before acting.
     pub expired: Vec<Arc<Lease>>,
+    /// Revoked holders' claims out of this controller's view at their hold-back's end,
+    /// to be looked up by name before the slot passes on (see [`super::strays`]).
+    pub strays: Vec<String>,
 }
 
 /// Observe the stores and the tracker, and decide.
@@ -48,6 +52,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     let mut warnings = Vec::new();
     let mut released_seen = Vec::new();
     let mut expired_claims = Vec::new();
+    let mut strays = Vec::new();
     let mut leases = claims_of(ctx, lock);
     // Claims swept after their release before this lock decided on them: their last
     // state, release mark and all (see `sweep`).
@@ -78,6 +83,14 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         // A holder lives by the lease recorded at its grant, whatever its claim says now
         // (a neighbour may patch the claim): never judge it by less.
         let name_of = lease_obj.name_any();
+        if let Some(field) = changed_since_recorded(lease_obj, (&pod, &uid), &status) {
+            let note = format!(
+                "the claim's {} was changed after the lock recorded it (by someone other than its \
+                 process, who may patch Leases here): the record stands, the change is ignored",
+                field.field()
+            );
+            warnings.push((lease_obj.clone(), "ClaimTampered", note));
+        }
         let holder = status.holders.iter().find(|h| h.claim == name_of);
         let recorded = holder.and_then(|h| h.lease_duration_seconds).unwrap_or(0);
         let own = claim::claim_lease_duration(lease_obj)
@@ -141,6 +154,11 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
                 .find(|l| l.name_any() == h.claim && !gone_names.contains(&h.claim));
             if let Some(l) = there.filter(|_| !released) {
                 expired_claims.push(l.clone());
+            } else if !released && !gone_names.contains(&h.claim) && !tracker.stray_gone(&ns, &name, &h.claim) {
+                // Out of view, yet maybe still there: its lock label removed or changed
+                // by someone who may patch Leases, and renewed by its holder all along.
+                strays.push(h.claim.clone());
+                continue;
             }
             elapsed.insert(h.claim.clone());
         } else {
@@ -189,7 +207,8 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         }
     }
     warnings.retain(|(l, _, _)| !gone_names.contains(&l.name_any())); // warned while it was there
-    let rejected = warnings.iter().filter(|(_, reason, _)| *reason != "ClaimLease").count();
+    let noted_only = |reason: &str| reason == "ClaimLease" || reason == "ClaimTampered";
+    let rejected = warnings.iter().filter(|(_, reason, _)| !noted_only(reason)).count();
     warnings.retain(|(l, reason, _)| tracker.first_warning(&l.uid().unwrap_or_default(), reason));
     Plan {
         rejected,
@@ -198,6 +217,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         warnings,
         released_seen,
         expired: expired_claims,
+        strays,
     }
 }
 
@@ -213,6 +233,31 @@ fn renewed_at(leases: &[Arc<Lease>], tracker: &Tracker, claim: &str) -> Option<I
 fn holder_lease(spec: Duration, holder: &Holder) -> Duration {
     let own = holder.lease_duration_seconds.unwrap_or(0).clamp(0, MAX_LEASE_SECONDS);
     spec.max(Duration::from_secs(own as u64))
+}
+
+/// A field of `lease` (whose pod fields read `pod`) that differs from what the lock's
+/// status recorded for it: the record stands (see [`crate::protocol::record`]), so such
+/// a change is only reported.
+fn changed_since_recorded(
+    lease: &Lease,
+    (pod, pod_uid): (&str, &str),
+    status: &DistributedLockStatus,
+) -> Option<Tampered> {
+    let recorded = record::recorded(status, &lease.name_any())?;
+    let hash = release::claim_hash(lease);
+    let stated = claim::claim_lease_seconds(lease);
+    let now = Written {
+        pod,
+        pod_uid,
+        release_hash: hash.as_deref(),
+        lease_seconds: stated,
+    };
+    let lowered = stated > 0 && recorded.lease_seconds.is_some_and(|l| l > stated);
+    match recorded.differs(&now) {
+        Some(Tampered::Lease) if stated == 0 => None, // no lease stated: noted as ClaimLease
+        Some(field) => Some(field),
+        None => lowered.then_some(Tampered::Lease),
+    }
 }
 
 /// The claims of one lock: the index names them, the store holds them.

@@ -44,6 +44,12 @@ pub enum Error {
     /// Deleting a claim confirmed expired failed.
     #[error("deleting expired claim {0}: {1}")]
     Expire(String, #[source] kube::Error),
+    /// Reading a revoked holder's claim out of view by name failed.
+    #[error("looking up claim {0}, out of view at the end of its hold-back: {1}")]
+    ReadStray(String, #[source] kube::Error),
+    /// Deleting a revoked holder's claim found out of view failed.
+    #[error("deleting claim {0}, found without its lock label: {1}")]
+    DeleteStray(String, #[source] kube::Error),
     /// A claim judged expired is gone, and the claim watch has not shown it yet.
     #[error("claim {0} is gone but the claim watch has not shown it yet; waiting for it")]
     ClaimGoneUnseen(String),
@@ -67,6 +73,8 @@ impl Error {
             Error::ConfirmExpiry(..) => "confirm_expiry",
             Error::ClaimGoneUnseen(..) => "claim_gone_unseen",
             Error::Expire(..) => "expire",
+            Error::ReadStray(..) => "read_stray",
+            Error::DeleteStray(..) => "delete_stray",
             Error::Conflicts(..) => "conflicts",
             Error::Etcd(e) => e.category(),
             Error::Finalizer(e) => e.category(),
@@ -113,6 +121,9 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         let plan = plan(&current, &ctx, Instant::now());
         if renewed_unseen(&ctx, &ns, &plan).await? {
             continue; // the watch lags: plan again with what the fresh reads showed
+        }
+        if super::strays::confirm(&ctx, &ns, &name, &plan.strays).await? {
+            continue; // plan again with what the reads by name showed
         }
         publish_warnings(&ctx, &plan.warnings);
         let trouble = (plan.rejected > 0).then(|| Trouble::rejected(plan.rejected));

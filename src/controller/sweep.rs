@@ -21,8 +21,8 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 
 use super::written::Written;
-use crate::protocol::RELEASED_LABEL;
 use crate::protocol::claim::{claim_lock, has_release_mark};
+use crate::protocol::{LOCK_LABEL, RELEASED_LABEL};
 
 /// How long a sweep request waits for others to join it, and the least time between
 /// two sweeps of a namespace. It also leaves the controller time to decide on a
@@ -96,12 +96,18 @@ impl Tombstones {
         out
     }
 
-    /// After a status write: forget the lock's remembered claims it no longer names.
-    pub fn settle(&self, ns: &str, lock: &str, named: impl Fn(&str) -> bool) {
+    /// After a status write: forget the lock's remembered claims it no longer names,
+    /// except a claim this controller expired that the claim cache (`stored`) still
+    /// holds: a watch that has not shown its deletion yet (stalled after an API server
+    /// restart, say) would otherwise offer it as a new claim, and it would be queued.
+    pub fn settle(&self, ns: &str, lock: &str, named: impl Fn(&str) -> bool, stored: impl Fn(&str) -> bool) {
         let mut map = self.0.lock().expect("tombstones lock poisoned");
         let key = (ns.to_string(), lock.to_string());
         if let Some(list) = map.get_mut(&key) {
-            list.retain(|b| named(&b.lease.name_any()));
+            list.retain(|b| {
+                let name = b.lease.name_any();
+                named(&name) || (b.expired && stored(&name))
+            });
             if list.is_empty() {
                 map.remove(&key);
             }
@@ -189,7 +195,8 @@ impl Sweeper {
     /// and namespace at most.)
     async fn delete_released(&self, ns: &str) -> Result<BTreeSet<String>, kube::Error> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), ns);
-        let list = ListParams::default().labels(RELEASED_LABEL);
+        // Claims only: a Lease someone else labelled released is no claim to sweep.
+        let list = ListParams::default().labels(&format!("{LOCK_LABEL},{RELEASED_LABEL}"));
         let deleted = leases.delete_collection(&DeleteParams::default(), &list).await?;
         Ok(deleted
             .left()
@@ -241,7 +248,13 @@ mod tests {
             !list[0].0.annotations().contains_key(RELEASED_ANNOTATION),
             "the state read before deleting"
         );
-        t.settle("ns", "l", |_| false);
+        t.settle("ns", "l", |_| false, |_| true);
+        assert_eq!(
+            names(&t.of_lock("ns", "l", now)),
+            ["a"],
+            "while the claim cache still holds it, it stays expired, never a new claim"
+        );
+        t.settle("ns", "l", |_| false, |_| false);
         assert!(t.is_empty());
     }
 
@@ -263,9 +276,13 @@ mod tests {
         t.bury(&claim("a", true), now);
         t.bury(&claim("b", true), now);
         t.bury(&claim("b", true), now); // the same deletion seen twice: once
-        t.settle("ns", "l", |c| c == "b");
-        assert_eq!(names(&t.of_lock("ns", "l", now)), ["b"]);
-        t.settle("ns", "l", |_| false);
+        t.settle("ns", "l", |c| c == "b", |_| true);
+        assert_eq!(
+            names(&t.of_lock("ns", "l", now)),
+            ["b"],
+            "a released claim goes even if cached"
+        );
+        t.settle("ns", "l", |_| false, |_| true);
         assert!(t.is_empty());
     }
 

@@ -43,6 +43,8 @@ pub struct Tracker {
     epoch: u64,
     /// (namespace, lock, claim) -> when this controller first saw it revoked.
     revoked: HashMap<(String, String, String), Instant>,
+    /// Revoked holders' claims out of view that a read by name found gone.
+    strays_gone: HashSet<(String, String, String)>,
     /// Warnings already published, by (object uid, reason): each is said once.
     warned: HashSet<(String, &'static str)>,
     /// UIDs of pods whose objects went away after the kubelet reported them stopped,
@@ -217,8 +219,29 @@ impl Tracker {
 
     /// Drop revocation memories of a lock that are no longer in its status.
     pub fn retain_revoked(&mut self, ns: &str, lock: &str, still: &BTreeSet<String>) {
-        self.revoked
-            .retain(|(n, l, c), _| !(n == ns && l == lock) || still.contains(c));
+        let kept = |(n, l, c): &(String, String, String)| !(n == ns && l == lock) || still.contains(c);
+        self.revoked.retain(|k, _| kept(k));
+        self.strays_gone.retain(kept);
+    }
+
+    /// This controller just deleted a revoked holder's claim that was out of its view:
+    /// the holder may have renewed it until then, so its hold-back counts from `now`.
+    pub fn restart_hold_back(&mut self, ns: &str, lock: &str, claim: &str, now: Instant) {
+        let from = self
+            .revoked
+            .entry((ns.into(), lock.into(), claim.into()))
+            .or_insert(now);
+        *from = (*from).max(now);
+    }
+
+    /// A read by name found a revoked holder's claim gone (no later renewal can land).
+    pub fn found_stray_gone(&mut self, ns: &str, lock: &str, claim: &str) {
+        self.strays_gone.insert((ns.into(), lock.into(), claim.into()));
+    }
+
+    /// Whether [`Tracker::found_stray_gone`] was said of this revoked holder's claim.
+    pub fn stray_gone(&self, ns: &str, lock: &str, claim: &str) -> bool {
+        self.strays_gone.contains(&(ns.into(), lock.into(), claim.into()))
     }
 
     /// True the first time a warning of this reason is raised for this object.

@@ -109,6 +109,17 @@ fn stated_lease(world: &World<'_>, name: &str) -> Option<i32> {
     Some(claim.lease_seconds).filter(|l| *l > 0)
 }
 
+/// The lease waiter `w` lives by, never lowered: the longest of the one recorded when
+/// it was first queued, the one recorded at its designation, and the one its claim
+/// states now. A neighbour who patches the claim down cannot shorten it (a claim
+/// patched up only makes the controller wait longer, which is safe).
+fn waiter_lease(world: &World<'_>, w: &Waiter) -> Option<i32> {
+    let designated = world.status.successor.as_ref().filter(|s| s.claim == w.claim);
+    let recorded = w.lease_duration_seconds.filter(|l| *l > 0);
+    let at_designation = designated.and_then(|s| s.lease_duration_seconds).filter(|l| *l > 0);
+    recorded.max(at_designation).max(stated_lease(world, &w.claim))
+}
+
 /// Whether `status` still names a holder (revoked or not) or a successor: a process
 /// that may run under the lock. A closing lock may be let go only once it names none.
 pub fn occupied(status: &DistributedLockStatus) -> bool {
@@ -292,11 +303,9 @@ fn decide_successor<'w>(
         &w.pod,
         ActionKind::Revoked(s.fencing_token, reason),
     ));
-    // The longer of the lease its claim states and the one recorded at its designation
-    // (a claim patched meanwhile cannot shorten it); neither known: the longest.
-    let stated = claim.map(|c| c.lease_seconds).filter(|l| *l > 0);
-    let lease = stated.max(s.lease_duration_seconds.filter(|l| *l > 0));
-    let lease = Some(lease.unwrap_or(MAX_LEASE_SECONDS));
+    // The longest recorded or stated for it (a claim patched meanwhile cannot shorten
+    // it); none known: the longest there is.
+    let lease = Some(waiter_lease(world, w).unwrap_or(MAX_LEASE_SECONDS));
     let holder = Holder {
         claim: w.claim.clone(),
         pod: w.pod.clone(),
@@ -406,6 +415,7 @@ fn decide_queue<'w>(
             pod_uid: c.pod_uid.clone(),
             requested_at: Time(world.now),
             release_hash: c.release_hash.clone(),
+            lease_duration_seconds: Some(c.lease_seconds).filter(|l| *l > 0),
         });
         d.actions
             .push(Action::new(&c.name, &c.pod, ActionKind::Enqueued(queue.len())));
@@ -442,7 +452,7 @@ fn grant(world: &World<'_>, d: &mut Decision) {
             pod_uid: w.pod_uid.clone(),
             fencing_token: token,
             granted_at: Time(world.now),
-            lease_duration_seconds: stated_lease(world, &w.claim),
+            lease_duration_seconds: waiter_lease(world, w),
             release_hash: w.release_hash.clone(),
             revoked: None,
         });
@@ -456,12 +466,10 @@ fn grant(world: &World<'_>, d: &mut Decision) {
             d.status.fencing_token += 1;
             d.status.fencing_token
         });
-        // The lease its claim states, never lowered while it stays designated.
-        let recorded = designated(&w.claim).and_then(|s| s.lease_duration_seconds);
         Successor {
             claim: w.claim.clone(),
             fencing_token,
-            lease_duration_seconds: stated_lease(world, &w.claim).max(recorded),
+            lease_duration_seconds: waiter_lease(world, w),
         }
     });
 }

@@ -100,6 +100,7 @@ impl Fixture {
             pod_uid: uid(name),
             requested_at: Time(Timestamp::UNIX_EPOCH),
             release_hash: None,
+            lease_duration_seconds: Some(15),
         });
         self
     }
@@ -597,11 +598,46 @@ fn a_held_back_successor_whose_claim_is_gone_keeps_the_lease_it_stated_at_its_de
         Some(60),
         "not the patched 5 s"
     );
-    // A designation that recorded no lease: held back for the longest there can be.
+    // No lease recorded, at its queueing (an older controller's) or its designation:
+    // held back for the longest there can be.
     let mut unknown = designated.claim_deleted("b").pod_force_deleted("b");
     unknown.status.successor.as_mut().unwrap().lease_duration_seconds = None;
+    unknown.status.queue[0].lease_duration_seconds = None;
     let d = unknown.decide();
     assert_eq!(d.status.holders[1].lease_duration_seconds, Some(MAX_LEASE_SECONDS));
+}
+
+#[test]
+fn a_waiters_lease_recorded_when_first_queued_is_never_lowered_by_its_claim() {
+    // b's claim states 60 s when it is first queued behind a; then a neighbour patches it
+    // down to 1 s (issue #30, item 1): neither the designation nor the grant takes that.
+    let mut f = lock().held_by("a").claims("b");
+    f.claims.iter_mut().find(|c| c.name == "b").unwrap().lease_seconds = 60;
+    let (mut f, d) = f.then();
+    assert_eq!(
+        d.status.queue[0].lease_duration_seconds,
+        Some(60),
+        "recorded at queueing"
+    );
+    f.claims.iter_mut().find(|c| c.name == "b").unwrap().lease_seconds = 1;
+    let (f, d) = f.then();
+    assert_eq!(d.status.successor.as_ref().unwrap().lease_duration_seconds, Some(60));
+    assert_eq!(d.status.queue[0].lease_duration_seconds, Some(60), "the record stays");
+    let d = f.released("a").decide();
+    assert_eq!(d.granted(), [("b", 2)]);
+    assert_eq!(
+        d.status.holders[0].lease_duration_seconds,
+        Some(60),
+        "not the patched 1 s"
+    );
+    // Not designated first (two slots): the grant still takes the queued record.
+    let mut f = lock().max_holders(2).held_by("a").held_by("c").claims("b");
+    f.claims.iter_mut().find(|c| c.name == "b").unwrap().lease_seconds = 45;
+    let (mut f, _) = f.then();
+    f.claims.iter_mut().find(|c| c.name == "b").unwrap().lease_seconds = 1;
+    let d = f.released("a").decide();
+    let b = d.status.holders.iter().find(|h| h.claim == "b").unwrap();
+    assert_eq!(b.lease_duration_seconds, Some(45), "not the patched 1 s");
 }
 
 #[test]

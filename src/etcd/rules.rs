@@ -178,6 +178,7 @@ pub fn mirror(
                 pod_uid: value.pod_uid,
                 requested_at: before.map_or(Time(now), |w| w.requested_at.clone()),
                 release_hash: None,
+                lease_duration_seconds: Some(value.lease_seconds),
             });
         }
     }

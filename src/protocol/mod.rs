@@ -70,6 +70,7 @@ pub mod claim;
 pub mod grant;
 #[cfg(feature = "client")]
 pub mod notice;
+pub mod record;
 pub mod release;
 pub mod timing;
 

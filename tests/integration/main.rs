@@ -13,6 +13,7 @@ mod examples;
 mod ha;
 mod harness;
 mod library;
+mod neighbour;
 mod notice;
 mod outage;
 mod scale;

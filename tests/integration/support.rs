@@ -88,6 +88,23 @@ impl TestNs {
         TestNs { client, name }
     }
 
+    /// Apply `examples/rbac.yaml` (the client ServiceAccount, Role and RoleBinding every
+    /// lock user has) here, and return a client acting as that ServiceAccount.
+    pub async fn as_lock_user(&self) -> Client {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rbac.yaml");
+        let text = std::fs::read_to_string(path).unwrap();
+        for doc in serde_norway::Deserializer::from_str(&text) {
+            let obj: kube::api::DynamicObject = serde::Deserialize::deserialize(doc).unwrap();
+            let gvk = kube::core::GroupVersionKind::try_from(obj.types.as_ref().unwrap()).unwrap();
+            let (resource, _) = kube::discovery::pinned_kind(&self.client, &gvk).await.unwrap();
+            let api: Api<kube::api::DynamicObject> = Api::namespaced_with(self.client.clone(), &self.name, &resource);
+            api.create(&PostParams::default(), &obj)
+                .await
+                .expect("apply examples/rbac.yaml");
+        }
+        client_as(&format!("system:serviceaccount:{}:leasehold-client", self.name)).await
+    }
+
     /// Apply a DistributedLock.
     pub async fn lock(&self, name: &str, spec: DistributedLockSpec) -> DistributedLock {
         let lock = DistributedLock::new(name, spec);

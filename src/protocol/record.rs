@@ -1,0 +1,234 @@
+//! The owner's check of what a lock's status records for its claim.
+//!
+//! The controller records a claim's pod, pod UID, release hash and lease in the lock's
+//! status when it first queues the claim, from the claim as it was then, and never
+//! lowers the recorded lease afterwards. Anyone allowed to patch Leases in the namespace
+//! (every lock user) could have changed those fields *before* that: a claim made before
+//! its lock exists, while the controller is down, or whose name is public in the status
+//! of a lock deleted and re-created. A record made from a tampered claim could let the
+//! controller free the slot while its process runs (a stripped hash accepts anyone's
+//! release mark, another pod's end frees it, a shorter lease expires it early).
+//!
+//! So the owner checks the record end to end: a client acts on its grant only when the
+//! status records exactly what it wrote ([`check`]); anything else and it withdraws the
+//! claim and claims anew, never acting under the tampered record.
+
+use crate::api::DistributedLockStatus;
+
+/// What a claim's owner wrote on its claim at creation.
+#[derive(Clone, Copy, Debug)]
+pub struct Written<'a> {
+    /// Its pod's name.
+    pub pod: &'a str,
+    /// Its pod's UID.
+    pub pod_uid: &'a str,
+    /// The hash of its release secret (`None`: it wrote none).
+    pub release_hash: Option<&'a str>,
+    /// The lease it lives by, in seconds.
+    pub lease_seconds: i32,
+}
+
+/// A field the status records otherwise than the owner wrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tampered {
+    /// The pod's name.
+    Pod,
+    /// The pod's UID.
+    PodUid,
+    /// The release hash.
+    ReleaseHash,
+    /// The lease: none recorded, or shorter than the owner's.
+    Lease,
+}
+
+impl Tampered {
+    /// The claim field that was changed, as a user knows it.
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::Pod => "spec.holderIdentity",
+            Self::PodUid => "leasehold.dev/pod-uid",
+            Self::ReleaseHash => "leasehold.dev/release-hash",
+            Self::Lease => "spec.leaseDurationSeconds",
+        }
+    }
+}
+
+impl std::fmt::Display for Tampered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the lock's status records the claim's {} otherwise than its process wrote it \
+             (changed by someone else before the controller first queued it)",
+            self.field()
+        )
+    }
+}
+
+/// What a lock's status records for one claim.
+#[derive(Clone, Copy, Debug)]
+pub struct Recorded<'a> {
+    /// The pod's name.
+    pub pod: &'a str,
+    /// The pod's UID.
+    pub pod_uid: &'a str,
+    /// The release hash.
+    pub release_hash: Option<&'a str>,
+    /// The lease (a designated waiter's: the longer of its queue entry's and its
+    /// designation's).
+    pub lease_seconds: Option<i32>,
+    /// Recorded as a holder (a holder's record always has a lease).
+    pub granted: bool,
+}
+
+/// What `status` records for `claim`: its holder entry if it has one, else its queue
+/// entry; `None` when it records nothing for it.
+pub fn recorded<'s>(status: &'s DistributedLockStatus, claim: &str) -> Option<Recorded<'s>> {
+    if let Some(h) = status.holders.iter().find(|h| h.claim == claim) {
+        return Some(Recorded {
+            pod: &h.pod,
+            pod_uid: &h.pod_uid,
+            release_hash: h.release_hash.as_deref(),
+            lease_seconds: h.lease_duration_seconds,
+            granted: true,
+        });
+    }
+    let w = status.queue.iter().find(|w| w.claim == claim)?;
+    let designated = status.successor.as_ref().filter(|s| s.claim == claim);
+    Some(Recorded {
+        pod: &w.pod,
+        pod_uid: &w.pod_uid,
+        release_hash: w.release_hash.as_deref(),
+        lease_seconds: w
+            .lease_duration_seconds
+            .max(designated.and_then(|s| s.lease_duration_seconds)),
+        granted: false,
+    })
+}
+
+impl Recorded<'_> {
+    /// The first field recorded otherwise than `wrote` says, the lease judged as the
+    /// owner does ([`check`]): shorter, or absent from a holder's record.
+    pub fn differs(&self, wrote: &Written<'_>) -> Option<Tampered> {
+        if self.pod != wrote.pod {
+            return Some(Tampered::Pod);
+        }
+        if self.pod_uid != wrote.pod_uid {
+            return Some(Tampered::PodUid);
+        }
+        if self.release_hash != wrote.release_hash {
+            return Some(Tampered::ReleaseHash);
+        }
+        // A waiter's record from an older controller has no lease (its designation and
+        // grant then record the claim's).
+        match self.lease_seconds {
+            Some(l) if l >= wrote.lease_seconds => None,
+            None if !self.granted => None,
+            _ => Some(Tampered::Lease),
+        }
+    }
+}
+
+/// Check what `status` records for `claim` against what its owner `wrote`; `Ok` when
+/// the status records nothing for it yet.
+pub fn check(status: &DistributedLockStatus, claim: &str, wrote: &Written<'_>) -> Result<(), Tampered> {
+    match recorded(status, claim).and_then(|r| r.differs(wrote)) {
+        Some(field) => Err(field),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::api::{Holder, Successor, Waiter};
+
+    const WROTE: Written<'static> = Written {
+        pod: "p",
+        pod_uid: "u",
+        release_hash: Some("h"),
+        lease_seconds: 60,
+    };
+
+    fn waiting(lease: Option<i32>) -> DistributedLockStatus {
+        DistributedLockStatus {
+            queue: vec![Waiter {
+                claim: "c".into(),
+                pod: "p".into(),
+                pod_uid: "u".into(),
+                requested_at: Time(Timestamp::UNIX_EPOCH),
+                release_hash: Some("h".into()),
+                lease_duration_seconds: lease,
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn granted(edit: impl FnOnce(&mut Holder)) -> DistributedLockStatus {
+        let mut h = Holder {
+            claim: "c".into(),
+            pod: "p".into(),
+            pod_uid: "u".into(),
+            fencing_token: 1,
+            granted_at: Time(Timestamp::UNIX_EPOCH),
+            lease_duration_seconds: Some(60),
+            release_hash: Some("h".into()),
+            revoked: None,
+        };
+        edit(&mut h);
+        DistributedLockStatus {
+            holders: vec![h],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_record_of_what_the_owner_wrote_passes() {
+        assert_eq!(check(&granted(|_| {}), "c", &WROTE), Ok(()));
+        assert_eq!(
+            check(&granted(|h| h.lease_duration_seconds = Some(90)), "c", &WROTE),
+            Ok(())
+        );
+        assert_eq!(check(&waiting(Some(60)), "c", &WROTE), Ok(()));
+        assert_eq!(
+            check(&waiting(None), "c", &WROTE),
+            Ok(()),
+            "an older controller's waiter"
+        );
+        assert_eq!(
+            check(&DistributedLockStatus::default(), "c", &WROTE),
+            Ok(()),
+            "not recorded yet"
+        );
+    }
+
+    #[test]
+    fn each_field_changed_before_the_record_is_named() {
+        type Edit = fn(&mut Holder);
+        let cases: [(Edit, Tampered); 6] = [
+            (|h| h.pod = "neighbour".into(), Tampered::Pod),
+            (|h| h.pod_uid = "u-2".into(), Tampered::PodUid),
+            (|h| h.release_hash = None, Tampered::ReleaseHash),
+            (|h| h.release_hash = Some("other".into()), Tampered::ReleaseHash),
+            (|h| h.lease_duration_seconds = Some(1), Tampered::Lease),
+            (|h| h.lease_duration_seconds = None, Tampered::Lease),
+        ];
+        for (edit, field) in cases {
+            assert_eq!(check(&granted(edit), "c", &WROTE), Err(field));
+        }
+        assert_eq!(check(&waiting(Some(1)), "c", &WROTE), Err(Tampered::Lease));
+    }
+
+    #[test]
+    fn a_designated_waiter_is_judged_by_the_longer_of_its_records() {
+        let mut status = waiting(Some(1));
+        status.successor = Some(Successor {
+            claim: "c".into(),
+            fencing_token: 2,
+            lease_duration_seconds: Some(60),
+        });
+        assert_eq!(check(&status, "c", &WROTE), Ok(()));
+    }
+}

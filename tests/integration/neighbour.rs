@@ -1,0 +1,167 @@
+//! A neighbour with every lock user's rights (the client Role of `examples/rbac.yaml`:
+//! create and patch Leases, read locks) tampering with other pods' claims through raw
+//! merge PATCHes, as an attacker would (that Role cannot even GET a Lease). Each test
+//! fails on the code before issue #30's fixes.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use leasehold::api::DistributedLockSpec;
+use leasehold::client::Lock;
+use leasehold::protocol::{LOCK_LABEL, PodIdentity, RELEASE_HASH_ANNOTATION, RELEASED_LABEL};
+
+use crate::support::*;
+
+fn spec(lease: i32) -> DistributedLockSpec {
+    DistributedLockSpec {
+        lease_duration_seconds: lease,
+        max_holders: 1,
+        backend: None,
+    }
+}
+
+fn lock_for(ns: &TestNs, pod: PodIdentity) -> Lock {
+    Lock::builder(ns.client.clone(), &ns.name, "l")
+        .identity(pod)
+        .build()
+        .unwrap()
+}
+
+/// The neighbour's raw merge PATCH of Lease `name` (no GET first: it may not read).
+async fn neighbour_patch(neighbour: &kube::Client, ns: &TestNs, name: &str, patch: serde_json::Value) {
+    let leases: Api<Lease> = Api::namespaced(neighbour.clone(), &ns.name);
+    leases
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap_or_else(|e| panic!("the client Role may patch Lease {name}: {e}"));
+}
+
+/// The names of the lock's claims, as admin (what the neighbour learns from the lock's
+/// status, public to every lock user, or guesses).
+async fn claim_names(ns: &TestNs) -> Vec<String> {
+    let list = leases(ns).list(&Default::default()).await.unwrap();
+    list.items.into_iter().filter_map(|l| l.metadata.name).collect()
+}
+
+#[tokio::test]
+async fn a_waiters_lease_patched_down_before_its_grant_is_not_what_its_grant_records() {
+    let ns = TestNs::new("nb-lease").await;
+    let neighbour = ns.as_lock_user().await;
+    let _c = spawn_controller(&ns, "nb-lease");
+    ns.lock("l", spec(60)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let held = lock_for(&ns, a).acquire().await.unwrap();
+    let lock_b = lock_for(&ns, b);
+    let waiting = tokio::spawn(async move { lock_b.acquire().await });
+    let l = ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    let cb = l.status.unwrap().queue[0].claim.clone();
+    // The lock is edited to 15 s; the neighbour patches b's claim down to 1 s.
+    let edit = Patch::Merge(serde_json::json!({"spec": {"leaseDurationSeconds": 15}}));
+    ns.locks().patch("l", &PatchParams::default(), &edit).await.unwrap();
+    neighbour_patch(
+        &neighbour,
+        &ns,
+        &cb,
+        serde_json::json!({"spec": {"leaseDurationSeconds": 1}}),
+    )
+    .await;
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap().unwrap();
+    assert_eq!(g.claim(), cb, "b's claim was granted");
+    let l = ns.locks().get("l").await.unwrap();
+    let h = &l.status.unwrap().holders[0];
+    assert_eq!(
+        h.lease_duration_seconds,
+        Some(60),
+        "the grant records the lease b's claim stated when first queued, not the patched 1 s \
+         (the controller would expire b, renewing every 20 s, 17 s after its grant)"
+    );
+    // The change is reported on the claim; the record stands.
+    wait_event(&ns, &cb, "ClaimTampered").await;
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_claim_changed_before_it_was_first_queued_is_withdrawn_not_acted_on() {
+    let ns = TestNs::new("nb-hash").await;
+    let neighbour = ns.as_lock_user().await;
+    let _c = spawn_controller(&ns, "nb-hash");
+    // b claims a lock that does not exist yet: nobody records its claim meanwhile.
+    let b = ns.pod("b").await;
+    let lock_b = lock_for(&ns, b);
+    let waiting = tokio::spawn(async move { lock_b.acquire().await });
+    let cb = wait_for("b's claim", DEADLINE, || async { claim_names(&ns).await.pop() }).await;
+    // The neighbour strips its release hash, so that a plain "true" mark (anyone's)
+    // would release it once granted.
+    let strip = serde_json::json!({"metadata": {"annotations": {RELEASE_HASH_ANNOTATION: null}}});
+    neighbour_patch(&neighbour, &ns, &cb, strip).await;
+    ns.lock("l", spec(15)).await;
+    let g = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap().unwrap();
+    assert_ne!(
+        g.claim(),
+        cb,
+        "b acted on the grant of the claim whose hash was stripped: a forged release frees its slot while it runs"
+    );
+    let l = ns.locks().get("l").await.unwrap();
+    let h = &l.status.unwrap().holders[0];
+    assert_eq!(h.claim, g.claim());
+    assert!(h.release_hash.is_some(), "b's new claim is recorded with its hash");
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_holders_claim_stripped_of_its_lock_label_is_deleted_before_its_slot_passes() {
+    let ns = TestNs::new("nb-label").await;
+    let neighbour = ns.as_lock_user().await;
+    let _c = spawn_controller(&ns, "nb-label");
+    let lease = 4;
+    // a's holder renews its claim (its writes work) but never reads its lock.
+    let [ra, rb] = live_holder_and_waiter(&ns, lease).await;
+    let ca = holder_claim(&ns, "l").await;
+    neighbour_patch(
+        &neighbour,
+        &ns,
+        &ca,
+        serde_json::json!({"metadata": {"labels": {LOCK_LABEL: null}}}),
+    )
+    .await;
+    let l = ns
+        .wait_lock("l", "b granted", |l| {
+            holders(l) == ["b"] && revoked_for(l).iter().all(|(_, r)| r.is_none())
+        })
+        .await;
+    assert!(
+        leases(&ns).get_opt(&ca).await.unwrap().is_none(),
+        "a's claim, out of the controller's view but renewed all along, still stands as b runs: {:?}",
+        l.status
+    );
+    assert!(ra.is_finished(), "a's renewals are refused: it stops by its deadline");
+    rb.abort();
+}
+
+#[tokio::test]
+async fn the_sweeper_deletes_only_claims_not_any_lease_labelled_released() {
+    let ns = TestNs::new("nb-sweep").await;
+    let neighbour = ns.as_lock_user().await;
+    let _c = spawn_controller(&ns, "nb-sweep");
+    ns.lock("l", spec(15)).await;
+    let leader: Lease = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "app-leader"}, "spec": {"holderIdentity": "x"}}),
+    )
+    .unwrap();
+    leases(&ns).create(&PostParams::default(), &leader).await.unwrap();
+    // The neighbour cannot delete the application's leader Lease; it labels it released.
+    let label = serde_json::json!({"metadata": {"labels": {RELEASED_LABEL: "true"}}});
+    neighbour_patch(&neighbour, &ns, "app-leader", label).await;
+    // A turn on the lock ends with a released claim, swept.
+    let a = ns.pod("a").await;
+    take_turn(&ns, "l", a).await;
+    wait_for("the released claim swept", DEADLINE, || async {
+        let left = claim_names(&ns).await;
+        (left.iter().all(|n| n == "app-leader")).then_some(())
+    })
+    .await;
+    assert!(
+        leases(&ns).get_opt("app-leader").await.unwrap().is_some(),
+        "the controller deleted another application's Lease for a neighbour without delete rights"
+    );
+}
