@@ -91,28 +91,28 @@ impl Renewer for EtcdRenewer {
             Ok(_) => {}
             Err(e) => return Renewal::Failed(e.to_string()),
         }
-        if self.keeper.is_none() {
-            match self.client.lease_keep_alive(self.lease_id).await {
-                Ok(k) => self.keeper = Some(k),
+        // The stream is taken out while its attempt is under way and put back only once
+        // the attempt has its answer: an attempt dropped at its timeout drops its stream
+        // with it, so a late answer to it can never pass for the next attempt's.
+        let (mut keeper, mut stream) = match self.keeper.take() {
+            Some(k) => k,
+            None => match self.client.lease_keep_alive(self.lease_id).await {
+                Ok(k) => k,
                 Err(e) => return Renewal::Failed(e.to_string()),
-            }
-        }
-        let (keeper, stream) = self.keeper.as_mut().expect("set above");
+            },
+        };
         let answer = match keeper.keep_alive().await {
             Ok(()) => stream.message().await,
             Err(e) => Err(e),
         };
         match answer {
-            Ok(Some(r)) if r.ttl() > 0 => Renewal::Renewed,
+            Ok(Some(r)) if r.ttl() > 0 => {
+                self.keeper = Some((keeper, stream));
+                Renewal::Renewed
+            }
             Ok(Some(_)) => Renewal::Gone,
-            Ok(None) => {
-                self.keeper = None;
-                Renewal::Failed("the keep-alive stream ended".into())
-            }
-            Err(e) => {
-                self.keeper = None;
-                Renewal::Failed(e.to_string())
-            }
+            Ok(None) => Renewal::Failed("the keep-alive stream ended".into()),
+            Err(e) => Renewal::Failed(e.to_string()),
         }
     }
 }
