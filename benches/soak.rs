@@ -12,7 +12,9 @@
 //! path black-holed for two leases; the controller's watches stalled for two leases
 //! (writes pass); the controller's whole path black-holed for two leases; a holder's pod force-deleted (no kubelet report) while its path is
 //! black-holed, then re-created under the same name; a release mark forged on the
-//! holder's claim. Every section's CMD leaves a ticking child behind (a forking CMD).
+//! holder's claim; a neighbour tampering with any claim, queued or not yet (its lease
+//! patched down, its hash stripped, its pod fields changed, its lock label removed, a
+//! mark forged). Every section's CMD leaves a ticking child behind (a forking CMD).
 //!
 //! The history check: sections never overlap — a section lasts from its `start` line to
 //! the last line its token wrote (ticks of leftover children included) — and tokens
@@ -100,9 +102,10 @@ enum Fault {
     ControllerBlackHole,
     PodForceDelete,
     ForgedRelease,
+    Neighbour,
 }
 
-const FAULTS: [Fault; 7] = [
+const FAULTS: [Fault; 8] = [
     Fault::ControllerKill,
     Fault::RunnerKill,
     Fault::RunnerBlackHole,
@@ -110,6 +113,7 @@ const FAULTS: [Fault; 7] = [
     Fault::ControllerBlackHole,
     Fault::PodForceDelete,
     Fault::ForgedRelease,
+    Fault::Neighbour,
 ];
 
 #[tokio::main]
@@ -312,6 +316,7 @@ async fn inject(world: &Arc<World>, fault: Fault) -> bool {
         ),
         Fault::PodForceDelete => force_delete_holder(world).await,
         Fault::ForgedRelease => forge_release(world).await,
+        Fault::Neighbour => tamper(world).await,
     }
 }
 
@@ -375,6 +380,42 @@ async fn forge_release(world: &World) -> bool {
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(world.client.clone(), NS);
     leases
         .patch(&claim, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .is_ok()
+}
+
+/// A neighbour who may patch Leases tampers with a random claim, waiting or held,
+/// queued or not yet (raw merge patches, as the client Role allows): its lease patched
+/// down, its release hash stripped or changed, its pod fields pointed at another pod,
+/// its lock label removed, or a release mark forged.
+async fn tamper(world: &World) -> bool {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(world.client.clone(), NS);
+    let claims = leases
+        .list(&kube::api::ListParams::default().labels("leasehold.dev/lock"))
+        .await;
+    let Ok(claims) = claims else { return false };
+    if claims.items.is_empty() {
+        return false;
+    }
+    let claim = &claims.items[rand::rng().random_range(0..claims.items.len())];
+    let other = &world.runners[rand::rng().random_range(0..world.runners.len())];
+    let other_uid = other.uid.lock().unwrap().clone();
+    let patch = match rand::rng().random_range(0..5) {
+        0 => serde_json::json!({"spec": {"leaseDurationSeconds": 1}}),
+        1 => serde_json::json!({"metadata": {"annotations": {"leasehold.dev/release-hash": null}}}),
+        2 => serde_json::json!({
+            "metadata": {
+                "annotations": {"leasehold.dev/pod-uid": other_uid},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": other.pod, "uid": other_uid}],
+            },
+            "spec": {"holderIdentity": other.pod},
+        }),
+        3 => serde_json::json!({"metadata": {"labels": {"leasehold.dev/lock": null}}}),
+        _ => serde_json::json!({"metadata": {"annotations": {"leasehold.dev/released": "true"}}}),
+    };
+    let name = claim.name_any();
+    leases
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .is_ok()
 }
