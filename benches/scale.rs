@@ -185,6 +185,7 @@ async fn idle_waiters(client: &Client, kubeconfig: &Path, n: usize, window: Dura
         lease_duration_seconds: lease,
         max_holders: 1,
         backend: None,
+        max_queue: None,
     };
     locks
         .create(&PostParams::default(), &DistributedLock::new("idle", spec))

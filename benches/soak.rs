@@ -5,6 +5,7 @@
 //! cargo test --release --bench soak -- --seconds 1200      # a long run, by hand
 //! LEASEHOLD_BIN=/copy/of/leasehold cargo test --bench soak -- --seconds 2400
 //! cargo test --bench soak -- --seconds 60                  # the short run CI does
+//! cargo test --release --bench soak -- --seconds 600 --only Neighbour --fault-every 1
 //! ```
 //!
 //! Faults, one every `--fault-every` seconds on average, chosen at random:
@@ -50,6 +51,8 @@ struct Args {
     pods: usize,
     lease: i32,
     fault_every: f64,
+    /// Only this fault (its name, as printed), instead of one chosen at random.
+    only: Option<String>,
 }
 
 fn args() -> Args {
@@ -58,6 +61,7 @@ fn args() -> Args {
         pods: 4,
         lease: 2,
         fault_every: 3.0,
+        only: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.windows(2) {
@@ -66,6 +70,7 @@ fn args() -> Args {
             "--pods" => a.pods = pair[1].parse().expect("--pods N"),
             "--lease" => a.lease = pair[1].parse().expect("--lease N"),
             "--fault-every" => a.fault_every = pair[1].parse().expect("--fault-every SECONDS"),
+            "--only" => a.only = Some(pair[1].clone()),
             _ => {}
         }
     }
@@ -166,7 +171,13 @@ async fn main() -> anyhow::Result<()> {
         if Instant::now() >= end {
             break;
         }
-        let fault = FAULTS[rand::rng().random_range(0..FAULTS.len())];
+        let fault = match &a.only {
+            Some(name) => *FAULTS
+                .iter()
+                .find(|f| format!("{f:?}") == *name)
+                .unwrap_or_else(|| panic!("--only takes one of {FAULTS:?}")),
+            None => FAULTS[rand::rng().random_range(0..FAULTS.len())],
+        };
         if inject(&world, fault).await {
             *faults.entry(fault).or_default() += 1;
         }
@@ -210,6 +221,7 @@ async fn setup(client: &Client, lease: i32) -> anyhow::Result<()> {
             lease_duration_seconds: lease,
             max_holders: 1,
             backend: None,
+            max_queue: None,
         },
     );
     Api::<DistributedLock>::namespaced(client.clone(), NS)

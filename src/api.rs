@@ -74,6 +74,14 @@ pub struct DistributedLockSpec {
     #[schemars(range(min = 1, max = 1000))]
     pub max_holders: i32,
 
+    /// How many claims may wait at most (the designated successor included). A claim
+    /// beyond it is not queued: the status lists it under `refused` with reason
+    /// `QueueFull`, and its client gives up with that reason. Bounds the status object
+    /// (about 250 bytes a waiter). Lowering it drops no one already waiting. Default 1000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4000))]
+    pub max_queue: Option<i32>,
+
     /// Where the lock's claims live. Omitted: claim Leases on the Kubernetes API server,
     /// granted by the controller. `etcd`: keys in an etcd cluster the pods reach
     /// directly, granted in etcd's own order; the controller mirrors them into status.
@@ -151,6 +159,7 @@ impl Default for DistributedLockSpec {
         Self {
             lease_duration_seconds: DEFAULT_LEASE_DURATION_SECONDS,
             max_holders: DEFAULT_MAX_HOLDERS,
+            max_queue: None,
             backend: None,
         }
     }
@@ -202,6 +211,14 @@ pub struct DistributedLockStatus {
     /// name issues tokens above every token of the old one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_token_epoch: Option<i64>,
+
+    /// Claims the controller does not queue, each with why (at most 16, in arrival
+    /// order): a client that finds its claim here gives up with that reason instead of
+    /// waiting. `QueueFull` when `spec.maxQueue` claims wait already; the pod reasons when the claim
+    /// names no live pod with its UID (a pod the controller has not seen yet may be listed
+    /// for a moment, so clients give up on those only after 5 s).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<Refusal>,
 
     /// The `metadata.generation` of the spec this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -259,6 +276,57 @@ pub struct Holder {
     /// claim, by when the holder has stopped itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked: Option<Revocation>,
+}
+
+/// A claim the controller does not queue.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Refusal {
+    /// Name of the claim Lease.
+    pub claim: String,
+    /// Why it is not queued.
+    pub reason: RefuseReason,
+}
+
+/// Why a claim is not queued.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum RefuseReason {
+    /// No pod of the name the claim gives is known.
+    PodNotFound,
+    /// The pod of that name has another UID than the claim states.
+    PodUidMismatch,
+    /// The pod has already finished.
+    PodFinished,
+    /// As many claims wait as the lock queues (`spec.maxQueue`, default 1000).
+    QueueFull,
+}
+
+impl RefuseReason {
+    /// The reason as written in status, events and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PodNotFound => "PodNotFound",
+            Self::PodUidMismatch => "PodUidMismatch",
+            Self::PodFinished => "PodFinished",
+            Self::QueueFull => "QueueFull",
+        }
+    }
+
+    /// What a user should know about it.
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::PodNotFound => "no pod of the name the claim gives (POD_NAME) exists in the lock's namespace",
+            Self::PodUidMismatch => "the pod of that name has another UID than the claim gives (POD_UID)",
+            Self::PodFinished => "the claim's pod has already finished",
+            Self::QueueFull => "the lock's queue is full (spec.maxQueue claims wait): try again later",
+        }
+    }
+
+    /// Whether a client should give up at once: a full queue is no passing state of the
+    /// controller's caches, while the pod reasons may be (a pod it has not seen yet).
+    pub fn is_final(self) -> bool {
+        self == Self::QueueFull
+    }
 }
 
 /// Why and when a holder's grant was revoked while its slot is held back.

@@ -30,6 +30,7 @@ pub async fn namespace_on(client: &Client, name: &str, lease_seconds: i32, etcd:
             lease_duration_seconds: lease_seconds,
             max_holders: 1,
             backend,
+            max_queue: None,
         },
     );
     Api::<DistributedLock>::namespaced(client.clone(), name)

@@ -13,7 +13,7 @@ use kube::api::Api;
 
 use super::direct::DirectWait;
 use super::guard::{Guard, Held};
-use super::progress::{Listener, Progress, WaitEvent};
+use super::progress::{Listener, Progress, UNQUEUED_NOTICE, WaitEvent};
 use super::session::{LostReason, Session};
 use super::watch::{LockWatch, Seen};
 use super::{Error, WaitStatus, identity_from_env};
@@ -130,6 +130,8 @@ enum Outcome {
     HeldBack,
     /// The status records the claim otherwise than this process wrote it.
     Tampered(Tampered),
+    /// The claim was queued, and a later status names it no more, ungranted.
+    Dropped,
 }
 
 // === impl Lock ===
@@ -226,6 +228,12 @@ impl Lock {
                 Ok(Outcome::HeldBack) => tracing::info!(
                     claim = session.claim,
                     "the claim is held back though never granted: claiming anew"
+                ),
+                // Dropped from the queue while its process waits (its claim expired
+                // or hidden by someone who may patch Leases): wait on with a new claim.
+                Ok(Outcome::Dropped) => tracing::warn!(
+                    claim = session.claim,
+                    "the claim left the queue without a grant: claiming anew"
                 ),
                 // Someone changed the claim before the controller recorded it: a grant
                 // under that record is not this process's to act on (see
@@ -343,8 +351,18 @@ impl Lock {
             Mode::Try => Some(now() + TRY_ACQUIRE_TIMEOUT),
             Mode::Until(at, _) => Some(*at),
         };
-        let mut progress = Progress::new(&self.listeners, claim, now(), exists);
+        let started = now();
+        let mut progress = Progress::new(&self.listeners, claim, started, exists);
         let mut direct = DirectWait::default();
+        // Why the controller refuses this claim, as its status last said.
+        let mut refused = None;
+        // Whether a status has named the claim (queued, or held).
+        let mut was_placed = false;
+        let refusal = |reason| Error::Refused {
+            lock: self.name.clone(),
+            claim: claim.to_string(),
+            reason,
+        };
         loop {
             let at = |t: Option<tokio::time::Instant>| async move {
                 match t {
@@ -373,6 +391,9 @@ impl Lock {
                     _ => TRY_ACQUIRE_TIMEOUT,
                 })),
                 _ = at(progress.notice_at()) => {
+                    if let Some(reason) = refused {
+                        return Err(refusal(reason)); // still refused: no passing state
+                    }
                     progress.notice_due(now());
                     continue;
                 }
@@ -393,6 +414,21 @@ impl Lock {
             }
             if matches!(mode, Mode::Try) && status.queue.iter().any(|w| w.claim == claim) {
                 return Ok(Outcome::WouldBlock);
+            }
+            // Refused: at once when final; else if not placed by the notice time (a pod
+            // the controller's cache has not seen yet is refused for a moment). The
+            // refusal is remembered until the claim is placed: a claim naming a pod UID
+            // that does not exist is soon garbage-collected, and no status lists it then.
+            let listed = status.refused.iter().find(|r| r.claim == claim).map(|r| r.reason);
+            let placed = crate::protocol::names_claim(&status, claim);
+            if was_placed && !placed {
+                direct.stop();
+                return Ok(Outcome::Dropped);
+            }
+            was_placed |= placed;
+            refused = if placed { None } else { listed.or(refused) };
+            if let Some(reason) = refused.filter(|r| r.is_final() || now() >= started + UNQUEUED_NOTICE) {
+                return Err(refusal(reason));
             }
             direct.follow(&lock, claim);
             progress.lock_seen(&status, now());

@@ -85,6 +85,17 @@ pub enum Error {
     /// Marking the claim released took too long (the claim will expire instead).
     #[error("releasing the claim Lease: no answer within {0:?}; the claim will expire")]
     ReleaseTimeout(Duration),
+    /// The controller does not queue the claim, and says why in the lock's status (the
+    /// claim was withdrawn).
+    #[error("the controller refuses claim {claim} of DistributedLock {lock}: {} ({})", .reason.as_str(), .reason.message())]
+    Refused {
+        /// The lock's name.
+        lock: String,
+        /// The claim Lease's name.
+        claim: String,
+        /// Why.
+        reason: crate::api::RefuseReason,
+    },
     /// The lock was not granted in time (the claim was withdrawn).
     #[error("the lock was not granted within {0:?}")]
     Timeout(Duration),

@@ -120,6 +120,9 @@ struct KubeRenewer {
     name: String,
     /// The claim's UID: only that object is renewed.
     uid: Option<String>,
+    /// The lock the claim asks for: a claim whose lock label someone removed or changed
+    /// is no claim the controller follows, so renewing it holds nothing.
+    lock: String,
 }
 
 impl Renewer for KubeRenewer {
@@ -129,6 +132,7 @@ impl Renewer for KubeRenewer {
             // Being deleted (the controller expired it, and something holds the object
             // back): a renewal written after the expiry's deletion is no renewal.
             Ok(lease) if lease.metadata.deletion_timestamp.is_some() => Renewal::Gone,
+            Ok(lease) if claim::claim_lock(&lease) != Some(self.lock.as_str()) => Renewal::Gone,
             Ok(_) => Renewal::Renewed,
             Err(kube::Error::Api(s)) if s.is_not_found() => Renewal::Gone,
             // Another object under the claim's name: the UID in the patch is refused.
@@ -159,6 +163,7 @@ impl Session {
             leases: leases.clone(),
             name: name.clone(),
             uid: created.metadata.uid,
+            lock: lock.to_string(),
         };
         let release = Release::Kube {
             leases,
@@ -317,7 +322,12 @@ impl Session {
         let limit = renew_timeout(self.lease);
         let released = async {
             match &self.release {
-                Release::Kube { leases, secret, .. } => mark_released(leases, &self.claim, secret).await,
+                Release::Kube {
+                    leases,
+                    secret,
+                    lock: (_, lock),
+                    ..
+                } => mark_released(leases, (&self.claim, lock), secret).await,
                 #[cfg(feature = "etcd")]
                 Release::Etcd(r) => r.release().await.map_err(Error::from),
             }
@@ -335,10 +345,11 @@ impl Session {
 async fn create_or_withdraw(leases: &Api<Lease>, name: &str, obj: Lease, secret: &Secret) -> Result<Lease, Error> {
     let (answer, answered) = tokio::sync::oneshot::channel();
     let (leases, name, secret) = (leases.clone(), name.to_string(), secret.clone());
+    let lock = claim::claim_lock(&obj).unwrap_or_default().to_string();
     tokio::spawn(async move {
         let created = leases.create(&PostParams::default(), &obj).await;
         if let Err(Ok(_)) = answer.send(created) {
-            match mark_released(&leases, &name, &secret).await {
+            match mark_released(&leases, (&name, &lock), &secret).await {
                 Ok(()) => tracing::info!(claim = name, "withdrew a claim created after its acquire was dropped"),
                 Err(e) => {
                     tracing::warn!(claim = name, error = %e, "withdrawing a claim created after its acquire was dropped failed; it will expire")
@@ -356,8 +367,8 @@ async fn create_or_withdraw(leases: &Api<Lease>, name: &str, obj: Lease, secret:
 }
 
 /// Mark a claim released; a claim that is already gone counts as released.
-async fn mark_released(leases: &Api<Lease>, name: &str, secret: &Secret) -> Result<(), Error> {
-    let patch = Patch::Merge(claim::release_patch_with(secret));
+async fn mark_released(leases: &Api<Lease>, (name, lock): (&str, &str), secret: &Secret) -> Result<(), Error> {
+    let patch = Patch::Merge(claim::release_patch_with(lock, secret));
     match leases.patch(name, &PatchParams::default(), &patch).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
@@ -481,7 +492,10 @@ mod tests {
     fn claim_json() -> serde_json::Value {
         serde_json::json!({
             "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": { "name": "l-1", "namespace": "ns", "resourceVersion": "1" },
+            "metadata": {
+                "name": "l-1", "namespace": "ns", "resourceVersion": "1",
+                "labels": { crate::protocol::LOCK_LABEL: "l" },
+            },
         })
     }
 

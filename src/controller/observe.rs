@@ -184,6 +184,8 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     };
     let mut decision = decide(&world);
     decision.delete_claims.retain(|c| !gone_names.contains(c)); // deleted already
+    let deleting = |c: &str| decision.delete_claims.iter().any(|d| d == c) || ctx.written.deleting(&ns, c);
+    decision.status.refused = crate::decide::refusals(&decision.ignored, deleting);
     let revoked: BTreeSet<String> = decision
         .status
         .holders
@@ -202,7 +204,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
             warnings.push((
                 lease.clone(),
                 "ClaimIgnored",
-                format!("{reason:?}: the claim's pod is not a live pod with that UID"),
+                format!("{}: {}", reason.as_str(), reason.message()),
             ));
         }
     }

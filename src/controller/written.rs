@@ -108,6 +108,13 @@ impl Written {
         }
     }
 
+    /// Whether this controller sent the deletion of claim `name` in `ns` (and it has not
+    /// failed): the claim is on its way out.
+    pub fn deleting(&self, ns: &str, name: &str) -> bool {
+        let deletes = self.deletes.lock().expect("written lock poisoned");
+        deletes.sent.contains_key(&(ns.to_string(), name.to_string()))
+    }
+
     /// The API server took a deletion (or the claim was gone already).
     pub fn delete_done(&self, ns: &str, name: &str) {
         let mut deletes = self.deletes.lock().expect("written lock poisoned");
@@ -158,6 +165,7 @@ mod tests {
                 lease_duration_seconds: 15,
                 max_holders: 1,
                 backend: None,
+                max_queue: None,
             },
         );
         l.metadata.namespace = Some("ns".into());

@@ -37,15 +37,35 @@
 //!   kept, so a valid release still frees a slot at once). The caller lets it go only
 //!   once it has no holder left, so no process that may still run is forgotten with it
 //!   (a lock re-created under the same name can only exist after that).
+//! * At most [`max_queue`] claims wait; a new claim beyond that, and one naming no
+//!   live pod with its UID, is left out (`ignored`); the caller lists it in
+//!   `status.refused` for its client ([`refusals`]).
 //! * Deciding again on the same observation changes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::api::Refusal;
 use crate::api::{DistributedLockStatus, Holder, Revocation, RevokeReason, Successor, Waiter};
 use crate::protocol::timing::MAX_LEASE_SECONDS;
 pub use model::*;
+
+/// How many claims a lock queues at most (its successor included) unless its
+/// `spec.maxQueue` says otherwise; a new claim beyond that is refused with `QueueFull`,
+/// so the status stays well below what the API server stores (about 250 bytes a
+/// waiter). Waiters already queued are never dropped for it.
+pub const MAX_QUEUE: usize = 1000;
+
+/// The queue bound of a lock with this spec.
+pub fn max_queue(spec: &crate::api::DistributedLockSpec) -> usize {
+    spec.max_queue
+        .and_then(|m| usize::try_from(m).ok())
+        .filter(|m| *m > 0)
+        .unwrap_or(MAX_QUEUE)
+}
+/// How many refused claims the status lists for their clients, in arrival order.
+pub const MAX_REFUSED_LISTED: usize = 16;
 
 mod model;
 #[cfg(test)]
@@ -151,7 +171,12 @@ pub fn decide(world: &World<'_>) -> Decision {
     d.status.fencing_token_epoch = Some(epoch);
     let mut holders = decide_holders(world, &claims, &mut known, &mut d);
     let (successor, held_back) = decide_successor(world, &claims, &mut known, &mut d);
-    let (queue, stale) = decide_queue(world, &claims, epoch, &mut known, &mut d);
+    // Room for waiters after this decision's grants: every slot left free takes one.
+    let max = usize::try_from(world.spec.max_holders.max(1)).unwrap_or(1);
+    let occupied = holders.len() + usize::from(held_back.is_some());
+    let free = if world.closing { 0 } else { max.saturating_sub(occupied) };
+    let room = (max_queue(world.spec) + free).saturating_sub(usize::from(successor.is_some()));
+    let (queue, stale) = decide_queue(world, &claims, (epoch, room), &mut known, &mut d);
     holders.extend(held_back);
     holders.extend(stale);
     let issued = world.status.holders.iter().chain(&holders).map(|h| h.fencing_token);
@@ -164,6 +189,23 @@ pub fn decide(world: &World<'_>) -> Decision {
     grant(world, &mut d);
     d.status.queue_length = i32::try_from(d.status.queue.len()).unwrap_or(i32::MAX);
     d
+}
+
+/// What `status.refused` lists for the clients of claims a decision left out
+/// (`ignored`, in arrival order): at most [`MAX_REFUSED_LISTED`], leaving out those the
+/// caller is `deleting` (a waiter just dropped, whose claim is on its way out, would
+/// otherwise show as refused until its deletion is seen). The caller fills it in: a
+/// decision's own status lists none, so deciding again on the same observation changes
+/// nothing whatever the caller has deleted since.
+pub fn refusals(ignored: &[(String, IgnoreReason)], deleting: impl Fn(&str) -> bool) -> Vec<Refusal> {
+    let listed = ignored.iter().filter(|(claim, _)| !deleting(claim));
+    listed
+        .take(MAX_REFUSED_LISTED)
+        .map(|(claim, reason)| Refusal {
+            claim: claim.clone(),
+            reason: *reason,
+        })
+        .collect()
 }
 
 /// Carry each current holder forward, release or revoke it.
@@ -322,14 +364,15 @@ fn decide_successor<'w>(
     (None, Some(holder))
 }
 
-/// Carry each waiter forward or drop it, then append new claims by arrival. A new
+/// Carry each waiter forward or drop it, then append new claims by arrival while fewer
+/// than `room` wait (the others are ignored, `QueueFull`). A new
 /// claim stamped with a fencing token was granted by an earlier incarnation of this
 /// lock (deleted and re-created): it comes back as a revoked holder whose slot is held
 /// back, not as a waiter.
 fn decide_queue<'w>(
     world: &World<'w>,
     claims: &BTreeMap<&str, &ClaimView>,
-    epoch: i64,
+    (epoch, room): (i64, usize),
     known: &mut BTreeSet<&'w str>,
     d: &mut Decision,
 ) -> (Vec<Waiter>, Vec<Holder>) {
@@ -349,9 +392,9 @@ fn decide_queue<'w>(
         match reason {
             None => queue.push(w.clone()),
             Some(reason) => {
-                if reason != DropReason::ClaimGone {
-                    d.delete_claims.push(w.claim.clone());
-                }
+                // Out of view is not gone: a claim whose lock label someone removed
+                // is still renewed by its process; deleting it by name tells it.
+                d.delete_claims.push(w.claim.clone());
                 d.actions
                     .push(Action::new(&w.claim, &w.pod, ActionKind::Dropped(reason)));
             }
@@ -405,7 +448,7 @@ fn decide_queue<'w>(
                 .push(Action::new(&c.name, &c.pod, ActionKind::Revoked(token, reason)));
             continue;
         }
-        if let Some(reason) = ignore {
+        if let Some(reason) = ignore.or((queue.len() >= room).then_some(IgnoreReason::QueueFull)) {
             d.ignored.push((c.name.clone(), reason));
             continue;
         }

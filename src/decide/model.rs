@@ -109,16 +109,9 @@ pub enum DropReason {
     PodFinished,
 }
 
-/// Why a claim was left out of the queue (the caller reports it as a Warning).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum IgnoreReason {
-    /// No pod of the claimed name is known.
-    PodNotFound,
-    /// The pod of that name has another UID than the claim states.
-    PodUidMismatch,
-    /// The pod has already finished.
-    PodFinished,
-}
+/// Why a claim was left out of the queue (the caller reports it as a Warning, and the
+/// status lists it for its client).
+pub use crate::api::RefuseReason as IgnoreReason;
 
 /// Something that happened to one claim of the lock, for events and metrics.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -484,6 +484,47 @@ fn claims_of_unknown_or_stale_pods_are_ignored_not_queued() {
 }
 
 #[test]
+fn a_full_queue_refuses_new_claims_lists_them_for_their_clients_and_takes_them_in_order_once_room_frees() {
+    let mut f = lock().held_by("a");
+    for i in 0..MAX_QUEUE {
+        f = f.claims(&format!("w{i:04}"));
+    }
+    let (f, d) = f.claims("late").claims("later").then();
+    assert_eq!(d.status.queue.len(), MAX_QUEUE, "the successor and 999 behind it");
+    let listed = refusals(&d.ignored, |_| false);
+    let refused: Vec<_> = listed.iter().map(|r| (r.claim.as_str(), r.reason)).collect();
+    assert_eq!(
+        refused,
+        [("late", IgnoreReason::QueueFull), ("later", IgnoreReason::QueueFull)]
+    );
+    let f = nothing_changes(f);
+    // a releases: its successor is granted, and one place frees for the first refused.
+    let (f, d) = f.released("a").then();
+    assert_eq!(d.granted(), [("w0000", 2)]);
+    assert_eq!(d.status.queue.last().map(|w| w.claim.as_str()), Some("late"));
+    let listed = refusals(&d.ignored, |_| false);
+    assert_eq!(listed.len(), 1, "later waits for room");
+    assert_eq!(listed[0].claim, "later");
+    assert!(f.decide().status.queue.len() <= MAX_QUEUE);
+}
+
+#[test]
+fn refused_claims_are_listed_at_most_sixteen_in_arrival_order() {
+    let mut f = lock();
+    for i in 0..20 {
+        f = f.claims(&format!("c{i:02}")).pod_force_deleted(&format!("c{i:02}"));
+    }
+    let d = f.decide();
+    assert_eq!(d.ignored.len(), 20);
+    let refused = refusals(&d.ignored, |_| false);
+    let listed: Vec<_> = refused.iter().map(|r| r.claim.as_str()).collect();
+    let expected: Vec<String> = (0..MAX_REFUSED_LISTED).map(|i| format!("c{i:02}")).collect();
+    assert_eq!(listed, expected);
+    let refused = refusals(&d.ignored, |c| c == "c00");
+    assert_eq!(refused[0].claim, "c01", "a claim on its way out is not listed");
+}
+
+#[test]
 fn deciding_twice_changes_nothing() {
     let (f, _) = lock().held_by("a").queued("b").claims("c").released("a").then();
     let d = f.decide();

@@ -48,6 +48,7 @@ pub async fn run(client: Client, kubeconfig: &Path) -> anyhow::Result<()> {
         lease_duration_seconds: 5,
         max_holders: 1,
         backend: None,
+        max_queue: None,
     };
     create_ignoring_conflict(&locks, serde_json::to_value(DistributedLock::new("demo", spec))?).await?;
     println!("\n== created DistributedLock demo/demo (leaseDurationSeconds 5, maxHolders 1)\n");

@@ -98,10 +98,14 @@ pub fn release_patch() -> serde_json::Value {
     released_patch("true")
 }
 
-/// The merge patch that releases a claim (or withdraws it while waiting) by revealing
-/// its secret.
-pub fn release_patch_with(secret: &Secret) -> serde_json::Value {
-    released_patch(secret.reveal())
+/// The merge patch that releases a claim for `lock` (or withdraws it while waiting) by
+/// revealing its secret. It sets the claim's lock label too: a claim whose label someone
+/// removed is out of the controller's view, and its slot would be held back rather
+/// than freed by the release.
+pub fn release_patch_with(lock: &str, secret: &Secret) -> serde_json::Value {
+    let mut patch = released_patch(secret.reveal());
+    patch["metadata"]["labels"][LOCK_LABEL] = lock.into();
+    patch
 }
 
 fn released_patch(mark: &str) -> serde_json::Value {
@@ -275,7 +279,11 @@ mod tests {
         let mut lease = claim_lease_with("l-1", "l", &pod(), 15, Some(&secret));
         let recorded = super::super::release::claim_hash(&lease);
         assert_eq!(recorded, Some(secret.hash()));
-        let patch = release_patch_with(&secret);
+        let patch = release_patch_with("l", &secret);
+        assert_eq!(
+            patch["metadata"]["labels"][LOCK_LABEL], "l",
+            "the label restored with the mark"
+        );
         let value = patch["metadata"]["annotations"][RELEASED_ANNOTATION].as_str().unwrap();
         lease
             .metadata

@@ -75,6 +75,7 @@ async fn chart_installs_and_its_rbac_is_enough_and_no_more() {
             lease_duration_seconds: 60,
             max_holders: 1,
             backend: None,
+            max_queue: None,
         },
     )
     .await;

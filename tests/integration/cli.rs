@@ -23,6 +23,7 @@ fn spec(lease: i32) -> DistributedLockSpec {
         lease_duration_seconds: lease,
         max_holders: 1,
         backend: None,
+        max_queue: None,
     }
 }
 
@@ -100,6 +101,35 @@ async fn run_timeout_exits_with_the_timeout_exit_code() {
     assert_eq!(code, Some(0), "a CronJob can skip quietly");
     assert!(log(&dir).is_empty(), "CMD never ran");
     assert!(stderr_of(&dir, "a").contains("not granted within 1s"));
+}
+
+#[tokio::test]
+async fn run_with_a_wrong_pod_name_is_told_why_the_controller_refuses_it_and_exits_125() {
+    let ns = TestNs::new("refused").await;
+    let _c = spawn_controller(&ns, "refused");
+    ns.lock("l", spec(15)).await;
+    let dir = scratch("refused");
+    // A POD_NAME the downward API did not give (its UID is a live pod's, so the garbage
+    // collector leaves the claim alone; with a wrong UID it may collect the claim before
+    // the controller lists its refusal).
+    let mut pod = ns.pod("w").await;
+    pod.name = "not-the-pods-name".into();
+    let mut child = run(kubeconfig(), &ns, &pod, &dir, &[], TRACE);
+    let status = tokio::time::timeout(RUN_DEADLINE, child.wait())
+        .await
+        .expect("leasehold run gives up by itself, told why (it waited for ever)")
+        .unwrap();
+    let stderr = stderr_of(&dir, "not-the-pods-name");
+    assert_eq!(status.code(), Some(125), "{stderr}");
+    assert!(log(&dir).is_empty(), "CMD never ran");
+    assert!(
+        stderr.contains("refuses claim") && stderr.contains("PodNotFound"),
+        "the controller's reason, read from the lock's status: {stderr}"
+    );
+    ns.wait_lock("l", "the refusal withdrawn with the claim", |l| {
+        l.status.as_ref().is_some_and(|s| s.refused.is_empty())
+    })
+    .await;
 }
 
 #[tokio::test]

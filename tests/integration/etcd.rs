@@ -208,6 +208,7 @@ fn etcd_spec(ns: &TestNs, url: &str, lease: i32, max_holders: i32) -> Distribute
                 tls_secret_ref: None,
             }),
         }),
+        max_queue: None,
     }
 }
 

@@ -75,6 +75,7 @@ async fn a_standby_replica_takes_over_when_the_leader_stops_and_metrics_are_serv
             lease_duration_seconds: 60,
             max_holders: 1,
             backend: None,
+            max_queue: None,
         },
     )
     .await;
@@ -176,6 +177,7 @@ async fn metrics_are_openmetrics_with_build_info_and_a_deleted_locks_series_go()
                 lease_duration_seconds: 60,
                 max_holders: 1,
                 backend: None,
+                max_queue: None,
             },
         )
         .await;

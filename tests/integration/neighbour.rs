@@ -16,6 +16,7 @@ fn spec(lease: i32) -> DistributedLockSpec {
         lease_duration_seconds: lease,
         max_holders: 1,
         backend: None,
+        max_queue: None,
     }
 }
 
@@ -164,4 +165,104 @@ async fn the_sweeper_deletes_only_claims_not_any_lease_labelled_released() {
         leases(&ns).get_opt("app-leader").await.unwrap().is_some(),
         "the controller deleted another application's Lease for a neighbour without delete rights"
     );
+}
+
+#[tokio::test]
+async fn a_queue_flooded_by_a_neighbour_refuses_new_claims_with_a_reason_instead_of_wedging() {
+    let ns = TestNs::new("nb-flood").await;
+    let neighbour = ns.as_lock_user().await;
+    let _c = spawn_controller(&ns, "nb-flood");
+    let max_queue = 5;
+    ns.lock(
+        "l",
+        DistributedLockSpec {
+            max_queue: Some(max_queue),
+            ..spec(60)
+        },
+    )
+    .await;
+    let (n, v) = (ns.pod("n").await, ns.pod("v").await);
+    // The neighbour floods the lock with claims of its own pod (the client Role may
+    // create Leases): one holds, maxQueue wait, the rest are refused.
+    let leases_n: Api<Lease> = Api::namespaced(neighbour.clone(), &ns.name);
+    for i in 0..max_queue + 3 {
+        let name = format!("l-flood-{i:02}");
+        let claim = leasehold::protocol::claim::claim_lease(&name, "l", &n, 60);
+        leases_n
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("the client Role may create claims");
+    }
+    let l = ns
+        .wait_lock("l", "the flood queued and refused", |l| {
+            l.status.as_ref().is_some_and(|s| s.refused.len() == 2)
+        })
+        .await;
+    let status = l.status.unwrap();
+    assert_eq!(status.queue.len(), max_queue as usize, "maxQueue wait, no more");
+    assert_eq!(status.holders.len(), 1);
+    let refused: Vec<_> = status.refused.iter().map(|r| (r.claim.as_str(), r.reason)).collect();
+    let full = leasehold::api::RefuseReason::QueueFull;
+    assert_eq!(
+        refused,
+        [("l-flood-06", full), ("l-flood-07", full)],
+        "in arrival order"
+    );
+    // A newcomer is told at once, through what it can read, why it is not queued.
+    let refused = lock_for(&ns, v).acquire().await.expect_err("no place in a full queue");
+    assert!(
+        matches!(refused, leasehold::client::Error::Refused { reason, .. } if reason == full),
+        "{refused}"
+    );
+    ns.wait_lock("l", "Ready says claims are rejected", |l| {
+        let ready = l
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+        ready.is_some_and(|c| c.status == "False" && c.reason == "ClaimsRejected")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_waiter_whose_claim_a_neighbour_hid_claims_anew_and_is_not_lost() {
+    let ns = TestNs::new("nb-hide").await;
+    let neighbour = ns.as_lock_user().await;
+    let _c = spawn_controller(&ns, "nb-hide");
+    ns.lock("l", spec(15)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let held = lock_for(&ns, a).acquire().await.unwrap();
+    let lock_b = lock_for(&ns, b);
+    let waiting = tokio::spawn(async move { lock_b.acquire().await });
+    let l = ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    let cb = l.status.unwrap().queue[0].claim.clone();
+    // The neighbour hides b's claim from the controller: the waiter leaves the queue,
+    // while b's process, renewing its claim, would wait for ever.
+    neighbour_patch(
+        &neighbour,
+        &ns,
+        &cb,
+        serde_json::json!({"metadata": {"labels": {LOCK_LABEL: null}}}),
+    )
+    .await;
+    let l = ns
+        .wait_lock("l", "b waits again, with a new claim", |l| {
+            l.status
+                .as_ref()
+                .is_some_and(|s| s.queue.len() == 1 && s.queue[0].claim != cb)
+        })
+        .await;
+    assert_eq!(queue(&l), ["b"]);
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("b is granted, not lost")
+        .unwrap()
+        .unwrap();
+    assert_ne!(g.claim(), cb);
+    wait_for("the hidden claim, withdrawn by its owner, gone", DEADLINE, || async {
+        leases(&ns).get_opt(&cb).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    g.release().await.unwrap();
 }

@@ -16,6 +16,7 @@ fn spec(lease: i32) -> DistributedLockSpec {
         lease_duration_seconds: lease,
         max_holders: 1,
         backend: None,
+        max_queue: None,
     }
 }
 

@@ -47,6 +47,7 @@ async fn out_of_range_spec_is_rejected_by_the_api_server() {
             lease_duration_seconds: lease,
             max_holders: max,
             backend: None,
+            max_queue: None,
         };
         let err = ns
             .locks()

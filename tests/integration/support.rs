@@ -399,6 +399,7 @@ pub async fn live_holder_and_waiter(ns: &TestNs, lease: i32) -> [tokio::task::Jo
             lease_duration_seconds: lease,
             max_holders: 1,
             backend: None,
+            max_queue: None,
         },
     )
     .await;

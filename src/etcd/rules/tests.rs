@@ -13,6 +13,7 @@ fn spec(max_holders: i32) -> DistributedLockSpec {
         lease_duration_seconds: LOCK_LEASE,
         max_holders,
         backend: None,
+        max_queue: None,
     }
 }
 
