@@ -394,6 +394,15 @@ impl Lock {
                     if let Some(reason) = refused {
                         return Err(refusal(reason)); // still refused: no passing state
                     }
+                    // Unplaced this long: a claim naming no existing pod is soon
+                    // garbage-collected, maybe before the controller listed its refusal.
+                    if session.claim_stands().await == Some(false) {
+                        return Err(Error::ClaimCollected {
+                            claim: claim.to_string(),
+                            pod: self.identity.name.clone(),
+                            uid: self.identity.uid.clone(),
+                        });
+                    }
                     progress.notice_due(now());
                     continue;
                 }

@@ -96,6 +96,21 @@ pub enum Error {
         /// Why.
         reason: crate::api::RefuseReason,
     },
+    /// The claim was deleted before any controller queued it: most likely by the garbage
+    /// collector, because its ownerReference names no existing pod.
+    #[error(
+        "the claim Lease {claim} was deleted before any controller queued it: the garbage collector deletes a claim whose \
+         ownerReference names no existing pod, so POD_NAME ({pod}) and POD_UID ({uid}) must be this pod's own (give them \
+         with the downward API)"
+    )]
+    ClaimCollected {
+        /// The claim Lease's name.
+        claim: String,
+        /// The pod name the claim gave.
+        pod: String,
+        /// The pod UID the claim gave.
+        uid: String,
+    },
     /// The lock was not granted in time (the claim was withdrawn).
     #[error("the lock was not granted within {0:?}")]
     Timeout(Duration),

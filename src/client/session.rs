@@ -92,6 +92,8 @@ pub(crate) enum Release {
         secret: Secret,
         /// The claim's (namespace, lock).
         lock: (String, String),
+        /// The claim's UID, from its creation.
+        uid: Option<String>,
         release_url: std::sync::Mutex<Option<String>>,
     },
     /// Revoke the claim's etcd lease.
@@ -162,13 +164,14 @@ impl Session {
         let renewer = KubeRenewer {
             leases: leases.clone(),
             name: name.clone(),
-            uid: created.metadata.uid,
+            uid: created.metadata.uid.clone(),
             lock: lock.to_string(),
         };
         let release = Release::Kube {
             leases,
             secret,
             lock: (identity.namespace.clone(), lock.to_string()),
+            uid: created.metadata.uid,
             release_url: Default::default(),
         };
         Ok(Session::start(name, lease, release, (sent, Cadence::Waiting), renewer))
@@ -267,6 +270,29 @@ impl Session {
             Release::Kube { secret, .. } => Some(secret.hash()),
             #[cfg(feature = "etcd")]
             Release::Etcd(_) => None,
+        }
+    }
+
+    /// Whether the claim is still there, asking for its lock (a PATCH that changes
+    /// nothing, as the client Role may not read Leases): `None` when that cannot be
+    /// told now, or for a backend without claim Leases.
+    pub async fn claim_stands(&self) -> Option<bool> {
+        let Release::Kube {
+            leases,
+            lock: (_, lock),
+            uid,
+            ..
+        } = &self.release
+        else {
+            return None;
+        };
+        let probe = Patch::Merge(serde_json::json!({ "metadata": { "uid": uid } }));
+        let params = PatchParams::default();
+        let answer = leases.patch(&self.claim, &params, &probe);
+        match tokio::time::timeout(renew_timeout(self.lease), answer).await {
+            Ok(Ok(l)) => Some(claim::claim_lock(&l) == Some(lock.as_str()) && l.metadata.deletion_timestamp.is_none()),
+            Ok(Err(kube::Error::Api(s))) if s.is_not_found() || s.is_conflict() || s.code == 422 => Some(false),
+            _ => None,
         }
     }
 

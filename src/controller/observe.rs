@@ -155,10 +155,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
             if let Some(l) = there.filter(|_| !released) {
                 expired_claims.push(l.clone());
             } else if !released && !gone_names.contains(&h.claim) && !tracker.stray_gone(&ns, &name, &h.claim) {
-                // Out of view, yet maybe still there: its lock label removed or changed
-                // by someone who may patch Leases, and renewed by its holder all along.
-                strays.push(h.claim.clone());
-                continue;
+                continue; // out of view and not looked up yet: a stray (below)
             }
             elapsed.insert(h.claim.clone());
         } else {
@@ -194,6 +191,14 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         .map(|h| h.claim.clone())
         .collect();
     for h in decision.status.holders.iter().filter(|h| h.revoked.is_some()) {
+        // Out of view, yet maybe still there (its lock label removed or changed by
+        // someone who may patch Leases, and renewed by its holder all along), or gone
+        // at a moment nobody saw: looked up by name before anything else is decided.
+        let released = claims.iter().any(|c| c.name == h.claim && c.released);
+        let in_view = live.contains(&h.claim) || gone_names.contains(&h.claim);
+        if !released && !in_view && !tracker.stray_gone(&ns, &name, &h.claim) {
+            strays.push(h.claim.clone());
+        }
         let renewed = renewed_at(&leases, &tracker, &h.claim);
         let ends = tracker.hold_back_ends(&ns, &name, &h.claim, holder_lease(lease, h), renewed, now);
         deadlines.push(ends);

@@ -1,15 +1,18 @@
-//! Revoked holders' claims out of view: a hold-back ends only once the claim is gone.
+//! Revoked holders' claims out of view: a hold-back counts from no earlier than a read
+//! that found the claim gone, or this controller's deletion of it.
 //!
 //! The controller follows claims through their lock label. Anyone who may patch Leases
 //! can remove or change that label on a holder's claim: the controller then sees the
 //! claim go and revokes the grant with its slot held back (a forced release), while the
-//! holder's renewals of the claim, by name and UID, go on succeeding. A holder that
-//! cannot read its lock's status (reads failing while writes work) would run on past
-//! the hold-back. So when a revoked holder's hold-back ends with its claim out of view,
-//! the claim is read by name: one still there is deleted under that read (its UID and
-//! resourceVersion, so a renewal since makes the deletion fail and is read again), and
-//! the hold-back counts again from the deletion, by when every renewal the holder saw
-//! acknowledged was sent; one gone lets the hold-back end.
+//! holder's renewals of the claim, by name and UID, may go on succeeding, and the claim
+//! may be deleted later by anyone, unseen. A holder that cannot read its lock's status
+//! (reads failing while writes work) would run on past the hold-back. So a revoked
+//! holder whose claim is out of view is looked up by name, once, before anything else is
+//! decided (and again after a restart): one still there is deleted under that read (its
+//! UID and resourceVersion, so a renewal since makes the deletion fail and is read
+//! again); and whether deleted now or found gone, the hold-back counts again from then,
+//! by when every renewal the holder saw acknowledged was sent. Looked up when the
+//! revocation is first decided, this costs the hold-back nothing.
 
 use std::time::Instant;
 
@@ -29,26 +32,27 @@ pub async fn confirm(ctx: &Context, ns: &str, lock: &str, strays: &[String]) -> 
             .get_opt(claim)
             .await
             .map_err(|e| Error::ReadStray(claim.clone(), e))?;
-        let Some(fresh) = found else {
-            let mut tracker = ctx.tracker.lock().expect("tracker lock poisoned");
-            tracker.found_stray_gone(ns, lock, claim);
-            continue;
-        };
-        match leases.delete(claim, &expiry_delete(&fresh)).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.is_not_found() => {}
-            // Written since the read: read it again on the next plan.
-            Err(kube::Error::Api(s)) if s.is_conflict() => continue,
-            Err(e) => return Err(Error::DeleteStray(claim.clone(), e)),
+        if let Some(fresh) = found {
+            // Deleted, or being deleted (a finalizer someone added holds it: a renewal
+            // answered with a deletionTimestamp counts as refused by its client).
+            match leases.delete(claim, &expiry_delete(&fresh)).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                // Written since the read: read it again on the next plan.
+                Err(kube::Error::Api(s)) if s.is_conflict() => continue,
+                Err(e) => return Err(Error::DeleteStray(claim.clone(), e)),
+            }
+            tracing::warn!(
+                claim,
+                labels = ?fresh.labels(),
+                "a revoked holder's claim was still there without its lock label: deleted it; \
+                 its slot is held back a lease from now"
+            );
         }
-        tracing::warn!(
-            claim,
-            labels = ?fresh.labels(),
-            "a revoked holder's claim was still there without its lock label: deleted it; \
-             its slot is held back one more lease from now"
-        );
+        // Gone as of now: the hold-back counts from here, once.
         let mut tracker = ctx.tracker.lock().expect("tracker lock poisoned");
         tracker.restart_hold_back(ns, lock, claim, Instant::now());
+        tracker.found_stray_gone(ns, lock, claim);
     }
     Ok(!strays.is_empty())
 }

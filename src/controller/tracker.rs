@@ -234,7 +234,8 @@ impl Tracker {
         *from = (*from).max(now);
     }
 
-    /// A read by name found a revoked holder's claim gone (no later renewal can land).
+    /// A read by name found a revoked holder's claim gone, or this controller deleted it
+    /// (no later renewal can land).
     pub fn found_stray_gone(&mut self, ns: &str, lock: &str, claim: &str) {
         self.strays_gone.insert((ns.into(), lock.into(), claim.into()));
     }

@@ -104,14 +104,14 @@ async fn run_timeout_exits_with_the_timeout_exit_code() {
 }
 
 #[tokio::test]
-async fn run_with_a_wrong_pod_name_is_told_why_the_controller_refuses_it_and_exits_125() {
+async fn run_with_a_wrong_pod_name_or_uid_is_told_why_the_controller_refuses_it_and_exits_125() {
     let ns = TestNs::new("refused").await;
     let _c = spawn_controller(&ns, "refused");
     ns.lock("l", spec(15)).await;
     let dir = scratch("refused");
-    // A POD_NAME the downward API did not give (its UID is a live pod's, so the garbage
-    // collector leaves the claim alone; with a wrong UID it may collect the claim before
-    // the controller lists its refusal).
+    // A POD_NAME the downward API did not give: the controller refuses the claim
+    // (PodNotFound), and the garbage collector deletes it (its ownerReference names no
+    // pod), maybe before the refusal is listed; either way the client says why.
     let mut pod = ns.pod("w").await;
     pod.name = "not-the-pods-name".into();
     let mut child = run(kubeconfig(), &ns, &pod, &dir, &[], TRACE);
@@ -122,14 +122,30 @@ async fn run_with_a_wrong_pod_name_is_told_why_the_controller_refuses_it_and_exi
     let stderr = stderr_of(&dir, "not-the-pods-name");
     assert_eq!(status.code(), Some(125), "{stderr}");
     assert!(log(&dir).is_empty(), "CMD never ran");
+    let refused = stderr.contains("refuses claim") && stderr.contains("PodNotFound");
+    let collected = stderr.contains("garbage collector") && stderr.contains("POD_NAME (not-the-pods-name)");
     assert!(
-        stderr.contains("refuses claim") && stderr.contains("PodNotFound"),
+        refused || collected,
         "the controller's reason, read from the lock's status: {stderr}"
     );
     ns.wait_lock("l", "the refusal withdrawn with the claim", |l| {
         l.status.as_ref().is_some_and(|s| s.refused.is_empty())
     })
     .await;
+    // A POD_UID the downward API did not give: the same, told as PodUidMismatch or as
+    // the collected claim.
+    let mut pod = ns.pod("u").await;
+    pod.uid = "not-the-pods-uid".into();
+    let mut child = run(kubeconfig(), &ns, &pod, &dir, &[], TRACE);
+    let status = tokio::time::timeout(RUN_DEADLINE, child.wait())
+        .await
+        .expect("leasehold run gives up by itself, told why")
+        .unwrap();
+    let stderr = stderr_of(&dir, "u");
+    assert_eq!(status.code(), Some(125), "{stderr}");
+    let refused = stderr.contains("refuses claim") && stderr.contains("PodUidMismatch");
+    let collected = stderr.contains("garbage collector") && stderr.contains("POD_UID (not-the-pods-uid)");
+    assert!(refused || collected, "{stderr}");
 }
 
 #[tokio::test]
