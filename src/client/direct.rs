@@ -108,6 +108,9 @@ impl Designation {
 pub(crate) struct DirectWait {
     waiting: Option<(Designation, JoinHandle<()>)>,
     granted: Option<oneshot::Receiver<(i64, String)>>,
+    /// A verified grant that came while the caller was busy with a status: kept until
+    /// [`DirectWait::granted`] takes it, whatever status follows.
+    arrived: Option<(i64, String)>,
 }
 
 impl DirectWait {
@@ -115,6 +118,16 @@ impl DirectWait {
     /// `claim` (once per designation, URL and key; again after a failure only when
     /// the status changes).
     pub fn follow(&mut self, lock: &DistributedLock, claim: &str) {
+        // A grant already here stays: it was verified for this claim's reserved token,
+        // and the lock counts a successor told of its grant as a holder.
+        if let Some(rx) = self.granted.as_mut()
+            && let Ok(grant) = rx.try_recv()
+        {
+            self.arrived = Some(grant);
+        }
+        if self.arrived.is_some() {
+            return;
+        }
         let next = Designation::of(lock, claim);
         if let Some((current, task)) = &self.waiting
             && Some(current) == next.as_ref()
@@ -138,6 +151,9 @@ impl DirectWait {
     /// Completes with the token, and the URL that takes release notices, once a
     /// verified direct grant has come; pending while none can.
     pub async fn granted(&mut self) -> (i64, String) {
+        if let Some(grant) = self.arrived.take() {
+            return grant;
+        }
         match self.granted.as_mut() {
             Some(rx) => match rx.await {
                 Ok(granted) => granted,
@@ -156,6 +172,7 @@ impl DirectWait {
             task.abort();
         }
         self.granted = None;
+        self.arrived = None;
     }
 }
 
@@ -241,6 +258,28 @@ mod tests {
         let key = GrantKey::generate();
         let url = answering(reply(7, &key.sign(&grant(7)))).await;
         assert_eq!(granted(&designating(&url, &key)).await, Some((7, url)));
+    }
+
+    #[tokio::test]
+    async fn a_grant_that_came_while_a_status_was_handled_is_kept() {
+        // The stand-in answers one wait only: a grant dropped would never come again.
+        let key = GrantKey::generate();
+        let url = answering(reply(7, &key.sign(&grant(7)))).await;
+        let lock = designating(&url, &key);
+        let mut wait = DirectWait::default();
+        wait.follow(&lock, "c-1");
+        let task = |w: &DirectWait| w.waiting.as_ref().is_none_or(|(_, t)| t.is_finished());
+        tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while !task(&wait) {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the grant comes");
+        // A status event is handled first (selected before the grant), still designating c-1.
+        wait.follow(&lock, "c-1");
+        let got = tokio::time::timeout(std::time::Duration::from_secs(1), wait.granted()).await;
+        assert_eq!(got.ok(), Some((7, url)), "the grant that came is taken");
     }
 
     #[tokio::test]

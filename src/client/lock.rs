@@ -385,7 +385,14 @@ impl Lock {
                     session.set_release_url(Some(&release_url));
                     return Ok(Outcome::Granted(token));
                 }
-                _ = session.lost() => return Err(Error::ClaimLost(claim.into())),
+                _ = session.lost() => {
+                    // Deleted, or stripped of its lock label, by someone else while it
+                    // waited: never acted on, so wait on with a new claim.
+                    if *session.state().borrow() == super::State::Lost(LostReason::ClaimGone) {
+                        return Ok(Outcome::Dropped);
+                    }
+                    return Err(Error::ClaimLost(claim.into()));
+                }
                 _ = at(until) => return Err(Error::Timeout(match mode {
                     Mode::Until(_, d) => *d,
                     _ => TRY_ACQUIRE_TIMEOUT,

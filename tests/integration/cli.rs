@@ -6,7 +6,6 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use leasehold::api::DistributedLockSpec;
 use leasehold::client::{Guard, Lock};
 use tokio::process::Command;
 
@@ -17,15 +16,6 @@ use crate::support::*;
 const RUN_DEADLINE: Duration = Duration::from_secs(20);
 /// A CMD that leaves a trace when it runs.
 const TRACE: &str = "echo ran $POD_NAME >> $LOG";
-
-fn spec(lease: i32) -> DistributedLockSpec {
-    DistributedLockSpec {
-        lease_duration_seconds: lease,
-        max_holders: 1,
-        backend: None,
-        max_queue: None,
-    }
-}
 
 /// Lock l (lease 15 s) held through the library by pod `holder`.
 async fn held_lock(ns: &TestNs) -> Guard {

@@ -4,21 +4,11 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use leasehold::api::DistributedLockSpec;
 use leasehold::client::Lock;
 use leasehold::protocol::claim::PodIdentity;
 use tokio::process::{Child, Command};
 
 use crate::support::*;
-
-fn spec(lease: i32) -> DistributedLockSpec {
-    DistributedLockSpec {
-        lease_duration_seconds: lease,
-        max_holders: 1,
-        backend: None,
-        max_queue: None,
-    }
-}
 
 /// A scratch dir for one test's shared log and the runs' stderr.
 pub(crate) fn scratch(name: &str) -> PathBuf {

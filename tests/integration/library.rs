@@ -4,20 +4,11 @@
 use std::time::Duration;
 
 use kube::ResourceExt;
-use leasehold::api::{DistributedLockSpec, RevokeReason};
+use leasehold::api::RevokeReason;
 use leasehold::client::{Lock, LostReason, State};
 use leasehold::protocol::PodIdentity;
 
 use crate::support::*;
-
-fn spec(lease: i32) -> DistributedLockSpec {
-    DistributedLockSpec {
-        lease_duration_seconds: lease,
-        max_holders: 1,
-        backend: None,
-        max_queue: None,
-    }
-}
 
 fn lock_for(client: kube::Client, ns: &TestNs, pod: PodIdentity) -> Lock {
     Lock::builder(client, &ns.name, "l").identity(pod).build().unwrap()

@@ -6,19 +6,11 @@
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use leasehold::api::DistributedLockSpec;
-use leasehold::client::Lock;
+use leasehold::client::{Error, Guard, Lock};
 use leasehold::protocol::{LOCK_LABEL, PodIdentity, RELEASE_HASH_ANNOTATION, RELEASED_LABEL};
+use tokio::task::JoinHandle;
 
 use crate::support::*;
-
-fn spec(lease: i32) -> DistributedLockSpec {
-    DistributedLockSpec {
-        lease_duration_seconds: lease,
-        max_holders: 1,
-        backend: None,
-        max_queue: None,
-    }
-}
 
 fn lock_for(ns: &TestNs, pod: PodIdentity) -> Lock {
     Lock::builder(ns.client.clone(), &ns.name, "l")
@@ -43,18 +35,25 @@ async fn claim_names(ns: &TestNs) -> Vec<String> {
     list.items.into_iter().filter_map(|l| l.metadata.name).collect()
 }
 
+/// Lock l (lease `lease`) held by pod a through the library, and pod b waiting for it
+/// (its acquire on a task of its own); returns a's guard, b's acquire and b's claim.
+async fn b_waits_behind_a(ns: &TestNs, lease: i32) -> (Guard, JoinHandle<Result<Guard, Error>>, String) {
+    ns.lock("l", spec(lease)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let held = lock_for(ns, a).acquire().await.unwrap();
+    let lock_b = lock_for(ns, b);
+    let waiting = tokio::spawn(async move { lock_b.acquire().await });
+    let l = ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    let cb = l.status.unwrap().queue[0].claim.clone();
+    (held, waiting, cb)
+}
+
 #[tokio::test]
 async fn a_waiters_lease_patched_down_before_its_grant_is_not_what_its_grant_records() {
     let ns = TestNs::new("nb-lease").await;
     let neighbour = ns.as_lock_user().await;
     let _c = spawn_controller(&ns, "nb-lease");
-    ns.lock("l", spec(60)).await;
-    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    let held = lock_for(&ns, a).acquire().await.unwrap();
-    let lock_b = lock_for(&ns, b);
-    let waiting = tokio::spawn(async move { lock_b.acquire().await });
-    let l = ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
-    let cb = l.status.unwrap().queue[0].claim.clone();
+    let (held, waiting, cb) = b_waits_behind_a(&ns, 60).await;
     // The lock is edited to 15 s; the neighbour patches b's claim down to 1 s.
     let edit = Patch::Merge(serde_json::json!({"spec": {"leaseDurationSeconds": 15}}));
     ns.locks().patch("l", &PatchParams::default(), &edit).await.unwrap();
@@ -229,13 +228,7 @@ async fn a_waiter_whose_claim_a_neighbour_hid_claims_anew_and_is_not_lost() {
     let ns = TestNs::new("nb-hide").await;
     let neighbour = ns.as_lock_user().await;
     let _c = spawn_controller(&ns, "nb-hide");
-    ns.lock("l", spec(15)).await;
-    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    let held = lock_for(&ns, a).acquire().await.unwrap();
-    let lock_b = lock_for(&ns, b);
-    let waiting = tokio::spawn(async move { lock_b.acquire().await });
-    let l = ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
-    let cb = l.status.unwrap().queue[0].claim.clone();
+    let (held, waiting, cb) = b_waits_behind_a(&ns, 15).await;
     // The neighbour hides b's claim from the controller: the waiter leaves the queue,
     // while b's process, renewing its claim, would wait for ever.
     neighbour_patch(

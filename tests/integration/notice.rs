@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::runtime::watcher;
-use leasehold::api::DistributedLockSpec;
 use leasehold::client::Lock;
 use leasehold::controller::{Options, release_url};
 use leasehold::protocol::PodIdentity;
@@ -20,15 +19,6 @@ use leasehold::protocol::timing::notice_timeout;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::*;
-
-fn spec(lease: i32) -> DistributedLockSpec {
-    DistributedLockSpec {
-        lease_duration_seconds: lease,
-        max_holders: 1,
-        backend: None,
-        max_queue: None,
-    }
-}
 
 fn lock_for(ns: &TestNs, pod: PodIdentity) -> Lock {
     Lock::builder(ns.client.clone(), &ns.name, "l")

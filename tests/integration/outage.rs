@@ -5,20 +5,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use leasehold::api::DistributedLockSpec;
 use leasehold::client::Lock;
 use leasehold::dev::ControlPlane;
 
 use crate::support::*;
-
-fn spec(lease: i32) -> DistributedLockSpec {
-    DistributedLockSpec {
-        lease_duration_seconds: lease,
-        max_holders: 1,
-        backend: None,
-        max_queue: None,
-    }
-}
 
 /// The lock's lease. Not what is tested (riding out an outage is), so long: an outage
 /// is the 3 s down plus the component's start on a loaded machine (an API server start

@@ -190,6 +190,16 @@ impl TestNs {
     }
 }
 
+/// A mutex whose claims live by `lease` seconds.
+pub fn spec(lease: i32) -> DistributedLockSpec {
+    DistributedLockSpec {
+        lease_duration_seconds: lease,
+        max_holders: 1,
+        backend: None,
+        max_queue: None,
+    }
+}
+
 /// A loopback port nothing listens on now.
 pub fn free_port() -> u16 {
     let sock = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
