@@ -13,6 +13,7 @@ use kube::api::Api;
 
 use super::direct::DirectWait;
 use super::guard::{Guard, Held};
+use super::notice::NoticeTarget;
 use super::progress::{Listener, Progress, UNQUEUED_NOTICE, WaitEvent};
 use super::session::{LostReason, Session};
 use super::watch::{LockWatch, Seen};
@@ -358,6 +359,8 @@ impl Lock {
         let mut refused = None;
         // Whether a status has named the claim (queued, or held).
         let mut was_placed = false;
+        // Where release notices go, as the latest status said.
+        let mut notices_to = None;
         let refusal = |reason| Error::Refused {
             lock: self.name.clone(),
             claim: claim.to_string(),
@@ -381,8 +384,9 @@ impl Lock {
                     }
                     None => return Err(Error::Watch(self.name.clone())),
                 },
-                (token, release_url) = direct.granted() => {
-                    session.set_release_url(Some(&release_url));
+                (token, _) = direct.granted() => {
+                    // Notices go where the latest status said, checked by its key.
+                    session.set_notice_target(notices_to.clone());
                     return Ok(Outcome::Granted(token));
                 }
                 _ = session.lost() => {
@@ -421,8 +425,9 @@ impl Lock {
                 direct.stop();
                 return Ok(Outcome::Tampered(field));
             }
+            notices_to = NoticeTarget::of(&lock);
             if let Some(token) = granted_token(&status, claim) {
-                session.set_release_url(status.release_url.as_deref());
+                session.set_notice_target(notices_to.clone());
                 return Ok(Outcome::Granted(token));
             }
             if held_back(&status, claim) {
@@ -478,9 +483,9 @@ fn watch_revocation(mut events: LockWatch, session: Arc<Session>, token: i64) {
                 Seen::Gone => LostReason::LockDeleted,
                 Seen::Lock(lock) if !grants(&lock, &session.claim, token) => lost_reason(&lock, &session.claim),
                 Seen::Lock(lock) => {
-                    // A new leader publishes where it takes notices with its writes.
-                    let url = lock.status.as_ref().and_then(|s| s.release_url.as_deref());
-                    session.set_release_url(url);
+                    // A new leader publishes where it takes notices, and its key, with
+                    // its writes.
+                    session.set_notice_target(NoticeTarget::of(&lock));
                     continue;
                 }
             };

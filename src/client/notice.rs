@@ -9,19 +9,62 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use crate::protocol::notice::{Notice, WRITTEN, WRITTEN_HEADER, WRITTEN_VALUE, notice_uri};
+use crate::api::DistributedLock;
+use crate::protocol::grant::WrittenRelease;
+use crate::protocol::notice::{Notice, WRITTEN, WRITTEN_HEADER, WRITTEN_SIGNATURE_HEADER, WRITTEN_VALUE, notice_uri};
 use crate::protocol::timing::notice_timeout;
 
-/// Send `notice` to the controller at `release_url`; true only when it answers that the
-/// release is written in the lock's status.
-pub(crate) async fn written(release_url: &str, notice: &Notice, lease: Duration) -> bool {
-    let Some(uri) = notice_uri(release_url) else {
-        tracing::debug!(release_url, "not a release URL; marking the claim instead");
+/// Where a holder sends its release notice, and how it checks the answer: the URL, the
+/// grant key and the lock UID of one status, which published the first two together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct NoticeTarget {
+    /// The controller's published URL.
+    pub url: String,
+    /// The public key a written answer must be signed by.
+    pub key: String,
+    /// The lock's UID.
+    pub lock_uid: String,
+}
+
+impl NoticeTarget {
+    /// The target `lock`'s status publishes, if it publishes one.
+    pub fn of(lock: &DistributedLock) -> Option<Self> {
+        let status = lock.status.as_ref()?;
+        Some(NoticeTarget {
+            url: status.release_url.clone()?,
+            key: status.grant_key.clone()?,
+            lock_uid: lock.metadata.uid.clone()?,
+        })
+    }
+}
+
+/// Send `notice` to the controller at `target`; true only when it answers that the
+/// release is written in the lock's status, signed by the key the status published.
+pub(crate) async fn written(target: &NoticeTarget, notice: &Notice, lease: Duration) -> bool {
+    let Some(uri) = notice_uri(&target.url) else {
+        tracing::debug!(release_url = target.url, "not a release URL; marking the claim instead");
         return false;
+    };
+    let signed = |signature: &str| {
+        let answer = WrittenRelease {
+            namespace: &notice.namespace,
+            lock: &notice.lock,
+            lock_uid: &target.lock_uid,
+            claim: &notice.claim,
+        };
+        answer.verify(&target.key, signature)
     };
     let limit = notice_timeout(lease);
     match tokio::time::timeout(limit, post(uri, notice)).await {
-        Ok(Ok((code, true))) if code == WRITTEN => true,
+        Ok(Ok((code, Some(signature)))) if code == WRITTEN && signed(&signature) => true,
+        Ok(Ok((code, Some(_)))) if code == WRITTEN => {
+            tracing::warn!(
+                claim = notice.claim,
+                url = target.url,
+                "a release notice was answered as written without the lock's signature: ignored, marking the claim"
+            );
+            false
+        }
         Ok(Ok((code, _))) => {
             tracing::debug!(
                 claim = notice.claim,
@@ -45,11 +88,14 @@ pub(crate) async fn written(release_url: &str, notice: &Notice, lease: Duration)
     }
 }
 
-/// The answer's status code, and whether it carries the controller's written header.
-async fn post(uri: http::Uri, notice: &Notice) -> Result<(u16, bool), String> {
+/// The answer's status code, and with the controller's written header its signature
+/// (empty when it has none).
+async fn post(uri: http::Uri, notice: &Notice) -> Result<(u16, Option<String>), String> {
     let response = post_json(uri, notice).await?;
-    let ours = response.headers.get(WRITTEN_HEADER).is_some_and(|v| v == WRITTEN_VALUE);
-    Ok((response.status.as_u16(), ours))
+    let header = |name: &str| response.headers.get(name).and_then(|v| v.to_str().ok());
+    let ours = header(WRITTEN_HEADER) == Some(WRITTEN_VALUE);
+    let signature = ours.then(|| header(WRITTEN_SIGNATURE_HEADER).unwrap_or_default().to_string());
+    Ok((response.status.as_u16(), signature))
 }
 
 /// POST `body` as JSON to `uri` (plain HTTP/1.1, on a connection of its own); the
@@ -70,6 +116,7 @@ pub(crate) async fn post_json(uri: http::Uri, body: &impl serde::Serialize) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::grant::GrantKey;
 
     fn notice() -> Notice {
         Notice {
@@ -80,9 +127,9 @@ mod tests {
         }
     }
 
-    /// A one-shot HTTP server on loopback answering `code` (with the controller's
-    /// written header on a 200 when `ours`), and what it was sent.
-    async fn answering_as(code: u16, ours: bool) -> (String, tokio::task::JoinHandle<String>) {
+    /// A one-shot HTTP server on loopback answering `code` with the extra header lines
+    /// `headers`, and what it was sent.
+    async fn answering_as(code: u16, headers: String) -> (String, tokio::task::JoinHandle<String>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -95,33 +142,64 @@ mod tests {
                 assert!(n > 0, "closed before the body");
                 got.extend_from_slice(&buf[..n]);
             }
-            let header = if ours { "leasehold-release: written\r\n" } else { "" };
-            let reply = format!("HTTP/1.1 {code} X\r\n{header}content-length: 0\r\nconnection: close\r\n\r\n");
+            let reply = format!("HTTP/1.1 {code} X\r\n{headers}content-length: 0\r\nconnection: close\r\n\r\n");
             conn.write_all(reply.as_bytes()).await.unwrap();
             String::from_utf8(got).unwrap()
         });
         (url, served)
     }
 
-    async fn answering(code: u16) -> (String, tokio::task::JoinHandle<String>) {
-        answering_as(code, code == 200).await
+    /// The written answer's headers, signed by `key` for claim `claim` of lock l (UID u-1).
+    fn written_by(key: &GrantKey, claim: &str) -> String {
+        let w = WrittenRelease {
+            namespace: "ns",
+            lock: "l",
+            lock_uid: "u-1",
+            claim,
+        };
+        format!(
+            "leasehold-release: written\r\nleasehold-release-signature: {}\r\n",
+            key.sign_written(&w)
+        )
+    }
+
+    fn target(url: &str, key: &GrantKey) -> NoticeTarget {
+        NoticeTarget {
+            url: url.into(),
+            key: key.public(),
+            lock_uid: "u-1".into(),
+        }
+    }
+
+    fn to(url: &str) -> NoticeTarget {
+        target(url, &GrantKey::generate())
     }
 
     #[tokio::test]
-    async fn only_a_written_answer_spares_the_mark() {
-        let (url, served) = answering(200).await;
-        assert!(written(&url, &notice(), Duration::from_secs(15)).await);
+    async fn only_a_written_answer_signed_by_the_lock_s_key_spares_the_mark() {
+        let key = GrantKey::generate();
+        let (url, served) = answering_as(200, written_by(&key, "l-1")).await;
+        assert!(written(&target(&url, &key), &notice(), Duration::from_secs(15)).await);
         let request = served.await.unwrap();
         assert!(request.starts_with("POST /v1/release HTTP/1.1"), "{request}");
         assert!(request.contains("\"claim\":\"l-1\""), "{request}");
-        let (url, _served) = answering_as(200, false).await;
-        assert!(
-            !written(&url, &notice(), Duration::from_secs(15)).await,
-            "a bare 200 (whatever answers at a stale URL) is no controller's answer"
-        );
+        // Whatever answers at a stale or hijacked URL cannot sign with the lock's key.
+        let forger = GrantKey::generate();
+        for (what, headers) in [
+            ("a bare 200", String::new()),
+            ("written, unsigned", "leasehold-release: written\r\n".to_string()),
+            ("written, signed by another key", written_by(&forger, "l-1")),
+            ("written, signed for another claim", written_by(&key, "l-2")),
+        ] {
+            let (url, _served) = answering_as(200, headers).await;
+            assert!(
+                !written(&target(&url, &key), &notice(), Duration::from_secs(15)).await,
+                "{what}"
+            );
+        }
         for code in [202, 403, 409, 503] {
-            let (url, _served) = answering(code).await;
-            assert!(!written(&url, &notice(), Duration::from_secs(15)).await, "{code}");
+            let (url, _served) = answering_as(code, String::new()).await;
+            assert!(!written(&to(&url), &notice(), Duration::from_secs(15)).await, "{code}");
         }
     }
 
@@ -131,8 +209,8 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         drop(listener);
-        assert!(!written(&url, &notice(), Duration::from_secs(15)).await);
-        assert!(!written("https://example.invalid:1", &notice(), Duration::from_secs(15)).await);
+        assert!(!written(&to(&url), &notice(), Duration::from_secs(15)).await);
+        assert!(!written(&to("https://example.invalid:1"), &notice(), Duration::from_secs(15)).await);
     }
 
     #[tokio::test(start_paused = true)]
@@ -147,7 +225,7 @@ mod tests {
         });
         let lease = Duration::from_secs(2);
         let started = tokio::time::Instant::now();
-        assert!(!written(&url, &notice(), lease).await);
+        assert!(!written(&to(&url), &notice(), lease).await);
         assert_eq!(started.elapsed(), notice_timeout(lease));
     }
 }

@@ -84,9 +84,9 @@ pub(crate) enum Cadence {
 pub(crate) enum Release {
     /// Write the release mark on the claim Lease: the secret whose hash the claim
     /// carries proves the mark is the owner's. A holder first tells the controller at
-    /// `release_url` (the one its lock's status published, see
-    /// [`crate::protocol::notice`]), and marks the claim only when that is not answered
-    /// as written.
+    /// `notice_target` (the URL its lock's status published, see
+    /// [`crate::protocol::notice`]), and marks the claim only when that is answered as
+    /// written with a signature by the key the same status published.
     Kube {
         leases: Api<Lease>,
         secret: Secret,
@@ -94,7 +94,7 @@ pub(crate) enum Release {
         lock: (String, String),
         /// The claim's UID, from its creation.
         uid: Option<String>,
-        release_url: std::sync::Mutex<Option<String>>,
+        notice_target: std::sync::Mutex<Option<super::notice::NoticeTarget>>,
     },
     /// Revoke the claim's etcd lease.
     #[cfg(feature = "etcd")]
@@ -172,7 +172,7 @@ impl Session {
             secret,
             lock: (identity.namespace.clone(), lock.to_string()),
             uid: created.metadata.uid,
-            release_url: Default::default(),
+            notice_target: Default::default(),
         };
         Ok(Session::start(name, lease, release, (sent, Cadence::Waiting), renewer))
     }
@@ -296,13 +296,14 @@ impl Session {
         }
     }
 
-    /// Where the controller takes release notices, as the lock's status last said
-    /// (see [`crate::protocol::notice`]); `None` when it says nothing.
-    pub fn set_release_url(&self, url: Option<&str>) {
-        if let Release::Kube { release_url, .. } = &self.release {
-            let mut current = release_url.lock().expect("release URL lock poisoned");
-            if current.as_deref() != url {
-                *current = url.map(String::from);
+    /// Where the controller takes release notices, and the key its written answer must
+    /// be signed by, as the lock's status last said (see [`crate::protocol::notice`]);
+    /// `None` when it says nothing.
+    pub fn set_notice_target(&self, target: Option<super::notice::NoticeTarget>) {
+        if let Release::Kube { notice_target, .. } = &self.release {
+            let mut current = notice_target.lock().expect("notice target lock poisoned");
+            if *current != target {
+                *current = target;
             }
         }
     }
@@ -325,13 +326,13 @@ impl Session {
         let Release::Kube {
             secret,
             lock: (namespace, lock),
-            release_url,
+            notice_target,
             ..
         } = &self.release
         else {
             return false;
         };
-        let Some(url) = release_url.lock().expect("release URL lock poisoned").clone() else {
+        let Some(target) = notice_target.lock().expect("notice target lock poisoned").clone() else {
             return false;
         };
         let notice = crate::protocol::notice::Notice {
@@ -340,7 +341,7 @@ impl Session {
             claim: self.claim.clone(),
             secret: secret.reveal().to_string(),
         };
-        super::notice::written(&url, &notice, self.lease).await
+        super::notice::written(&target, &notice, self.lease).await
     }
 
     /// Write the release mark (bounded by the renewal timeout).

@@ -60,6 +60,11 @@ impl Successors {
         self.key.public()
     }
 
+    /// The signature of a written release answer, by this replica's key.
+    pub fn sign_written(&self, written: &crate::protocol::grant::WrittenRelease<'_>) -> String {
+        self.key.sign_written(written)
+    }
+
     /// This replica leads: take waits.
     pub fn lead(&self) {
         let mut waiting = self.waiting.lock().expect("successors lock poisoned");

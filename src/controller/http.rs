@@ -16,7 +16,9 @@ use super::direct::Told;
 use super::metrics::{CONTENT_TYPE, Metrics};
 use super::notices::Notices;
 use crate::protocol::grant::{GRANT_PATH, MAX_WAIT_BYTES, SIGNATURE_HEADER, TOKEN_HEADER, WaitFor};
-use crate::protocol::notice::{MAX_NOTICE_BYTES, NOTICE_PATH, Notice, WRITTEN_HEADER, WRITTEN_VALUE};
+use crate::protocol::notice::{
+    MAX_NOTICE_BYTES, NOTICE_PATH, Notice, WRITTEN_HEADER, WRITTEN_SIGNATURE_HEADER, WRITTEN_VALUE,
+};
 
 /// Serve the endpoints on `addr` until the task is dropped.
 pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, notices: Arc<Notices>) -> std::io::Result<()> {
@@ -29,8 +31,8 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, notices: Arc<Notices
 fn router(metrics: Arc<Metrics>, notices: Arc<Notices>) -> Router {
     let m = metrics.clone();
     let take = post(move |State(notices): State<Arc<Notices>>, body: Bytes| async move {
-        let answer = match serde_json::from_slice::<Notice>(&body) {
-            Ok(notice) => notices.take(&notice).await,
+        let (answer, signature) = match serde_json::from_slice::<Notice>(&body) {
+            Ok(notice) => notices.take_signed(&notice).await,
             Err(e) => {
                 m.record_notice("malformed");
                 return (StatusCode::BAD_REQUEST, None, format!("not a release notice: {e}\n"));
@@ -38,7 +40,12 @@ fn router(metrics: Arc<Metrics>, notices: Arc<Notices>) -> Router {
         };
         m.record_notice(answer.category());
         let (code, text) = answer.http();
-        let written = (answer == super::notices::Answer::Written).then_some([(WRITTEN_HEADER, WRITTEN_VALUE)]);
+        let written = signature.map(|s| {
+            [
+                (WRITTEN_HEADER, WRITTEN_VALUE.to_string()),
+                (WRITTEN_SIGNATURE_HEADER, s),
+            ]
+        });
         (
             StatusCode::from_u16(code).expect("a valid code"),
             written,

@@ -25,6 +25,7 @@ use super::prompt::Prompter;
 use super::written::Written;
 use crate::api::DistributedLock;
 use crate::protocol::RELEASED_ANNOTATION;
+use crate::protocol::grant::WrittenRelease;
 use crate::protocol::notice::{ACCEPTED, Notice, WRITTEN};
 use crate::protocol::release::notice_proves;
 use crate::protocol::timing::NOTICE_WAIT;
@@ -148,17 +149,37 @@ impl Notices {
     /// [`NOTICE_WAIT`], or the wait it was made with) for the status write that
     /// records the release.
     pub async fn take(&self, notice: &Notice) -> Answer {
+        self.judge(notice).await.0
+    }
+
+    /// [`Notices::take`], and for a written answer its signature by this replica's
+    /// grant key ([`WrittenRelease`]), which the client checks before it skips its mark.
+    pub async fn take_signed(&self, notice: &Notice) -> (Answer, Option<String>) {
+        let (answer, lock_uid) = self.judge(notice).await;
+        let signature = lock_uid.filter(|_| answer == Answer::Written).map(|lock_uid| {
+            self.successors.sign_written(&WrittenRelease {
+                namespace: &notice.namespace,
+                lock: &notice.lock,
+                lock_uid: &lock_uid,
+                claim: &notice.claim,
+            })
+        });
+        (answer, signature)
+    }
+
+    /// The answer to `notice`, with the UID of the lock it was judged against.
+    async fn judge(&self, notice: &Notice) -> (Answer, Option<String>) {
         let lock = ObjectRef::<DistributedLock>::new(&notice.lock).within(&notice.namespace);
         let (locks, written, prompter) = {
             let leader = self.leader.lock().expect("notices lock poisoned");
             let Some(l) = leader.as_ref() else {
-                return Answer::NotLeader;
+                return (Answer::NotLeader, None);
             };
             (l.locks.clone(), l.written.clone(), l.prompter.clone())
         };
         let freshest = || locks.get(&lock).map(|cached| written.peek(&cached));
         let Some(current) = freshest() else {
-            return Answer::NotHeld;
+            return (Answer::NotHeld, None);
         };
         // Only a status newer than the one judged here can record the release: the
         // cache may lag this controller's writes, and then show an older one again.
@@ -166,10 +187,10 @@ impl Notices {
         let uid = current.metadata.uid.clone();
         let status = current.status.unwrap_or_default();
         let Some(holder) = status.holders.iter().find(|h| h.claim == notice.claim) else {
-            return Answer::NotHeld;
+            return (Answer::NotHeld, uid);
         };
         if !notice_proves(&notice.secret, holder.release_hash.as_deref()) {
-            return Answer::Mismatch;
+            return (Answer::Mismatch, uid);
         }
         let mut writes = self.writes.subscribe();
         self.remember(notice, Instant::now());
@@ -187,11 +208,11 @@ impl Notices {
                         .is_some_and(|s| crate::protocol::names_claim(&s, &notice.claim))
             });
             if released && self.noticed(&notice.namespace, &notice.claim).is_none() {
-                return Answer::Written;
+                return (Answer::Written, uid);
             }
             match tokio::time::timeout_at(deadline, writes.changed()).await {
                 Ok(Ok(())) => continue,
-                _ => return Answer::Accepted,
+                _ => return (Answer::Accepted, uid),
             }
         }
     }

@@ -85,12 +85,51 @@ impl Grant<'_> {
     /// Whether `signature` (hex) is this grant's, by the key published as `public_key`
     /// (hex).
     pub fn verify(&self, public_key: &str, signature: &str) -> bool {
-        let (Some(key), Some(signature)) = (unhex(public_key), unhex(signature)) else {
-            return false;
-        };
-        let key = ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, key);
-        key.verify(&self.message(), &signature).is_ok()
+        verify(public_key, &self.message(), signature)
     }
+}
+
+/// A release notice answered as written ([`super::notice::WRITTEN`]), as signed: a
+/// client trusts that answer, and writes no release mark, only when it verifies against
+/// the key of the status that published the URL it sent its notice to. Whatever else
+/// answers there (a stale URL after a failover, a hijacked address) cannot make a
+/// holder skip its mark.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WrittenRelease<'a> {
+    /// The lock's namespace.
+    pub namespace: &'a str,
+    /// The lock's name.
+    pub lock: &'a str,
+    /// The lock's UID.
+    pub lock_uid: &'a str,
+    /// The claim released.
+    pub claim: &'a str,
+}
+
+impl WrittenRelease<'_> {
+    fn message(&self) -> Vec<u8> {
+        let WrittenRelease {
+            namespace,
+            lock,
+            lock_uid,
+            claim,
+        } = self;
+        format!("leasehold release written v1\n{namespace}\n{lock}\n{lock_uid}\n{claim}\n").into_bytes()
+    }
+
+    /// Whether `signature` (hex) is this answer's, by the key published as `public_key`.
+    pub fn verify(&self, public_key: &str, signature: &str) -> bool {
+        verify(public_key, &self.message(), signature)
+    }
+}
+
+/// Whether `signature` (hex) signs `message` by the Ed25519 key `public_key` (hex).
+fn verify(public_key: &str, message: &[u8], signature: &str) -> bool {
+    let (Some(key), Some(signature)) = (unhex(public_key), unhex(signature)) else {
+        return false;
+    };
+    let key = ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, key);
+    key.verify(message, &signature).is_ok()
 }
 
 /// A controller's signing key, made afresh each time it starts (its public half goes
@@ -126,6 +165,11 @@ impl GrantKey {
     /// The signature of `grant`, hex-encoded.
     pub fn sign(&self, grant: &Grant<'_>) -> String {
         hex(self.0.sign(&grant.message()).as_ref())
+    }
+
+    /// The signature of a written release, hex-encoded.
+    pub fn sign_written(&self, written: &WrittenRelease<'_>) -> String {
+        hex(self.0.sign(&written.message()).as_ref())
     }
 }
 
@@ -174,6 +218,44 @@ mod tests {
         for other in others {
             assert!(!other.verify(&key.public(), &signature), "{other:?}");
         }
+    }
+
+    #[test]
+    fn a_written_release_verifies_only_for_its_own_fields_and_never_as_a_grant() {
+        let key = GrantKey::generate();
+        let w = WrittenRelease {
+            namespace: "ns",
+            lock: "l",
+            lock_uid: "u-1",
+            claim: "c-1",
+        };
+        let sig = key.sign_written(&w);
+        assert!(w.verify(&key.public(), &sig));
+        let other = WrittenRelease {
+            claim: "c-2",
+            ..w.clone()
+        };
+        assert!(!other.verify(&key.public(), &sig), "another claim");
+        let recreated = WrittenRelease {
+            lock_uid: "u-2",
+            ..w.clone()
+        };
+        assert!(
+            !recreated.verify(&key.public(), &sig),
+            "a lock re-created under the name"
+        );
+        assert!(!w.verify(&GrantKey::generate().public(), &sig), "another key");
+        let g = Grant {
+            namespace: "ns",
+            lock: "l",
+            lock_uid: "u-1",
+            claim: "c-1",
+            fencing_token: 7,
+        };
+        assert!(
+            !w.verify(&key.public(), &key.sign(&g)),
+            "a grant's signature is no written answer"
+        );
     }
 
     #[test]

@@ -19,7 +19,8 @@
 //! holder's claim revokes it (its slot held back); a notice anyone can send must not
 //! take a grant away, so a mismatch is only refused.
 //!
-//! **What the answer means.** [`WRITTEN`] (200, with [`WRITTEN_HEADER`]): the controller
+//! **What the answer means.** [`WRITTEN`] (200, with [`WRITTEN_HEADER`] and a signature
+//! by the key the lock's status publishes, [`WRITTEN_SIGNATURE_HEADER`]): the controller
 //! has written a newer status of the same lock that no longer names the claim, so the
 //! release is recorded where grants are, and it has seen the claim deleted, so no later
 //! controller can take the unmarked claim for a new one; the client writes nothing more. Anything else (a
@@ -41,6 +42,10 @@ pub const WRITTEN: u16 = 200;
 pub const WRITTEN_HEADER: &str = "leasehold-release";
 /// The value of [`WRITTEN_HEADER`] on a [`WRITTEN`] answer.
 pub const WRITTEN_VALUE: &str = "written";
+/// The response header carrying the written answer's signature (hex, by the grant key:
+/// see [`super::grant::WrittenRelease`]). A written answer without a valid one is
+/// taken as not written.
+pub const WRITTEN_SIGNATURE_HEADER: &str = "leasehold-release-signature";
 /// Status code: the notice was valid, but the status was not written in time.
 pub const ACCEPTED: u16 = 202;
 

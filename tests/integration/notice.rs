@@ -279,3 +279,80 @@ async fn a_successor_is_granted_before_the_status_write_and_the_next_controller_
     assert_eq!(third.fencing_token(), token_c);
     third.release().await.unwrap();
 }
+
+/// A stand-in at `addr` answering every request "written" (200 with the controller's
+/// header, signed by a key of its own), the way whatever answers at a stale or hijacked
+/// release URL might; returns how many requests it answered.
+fn answering_written_unsigned(listener: tokio::net::TcpListener) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = answered.clone();
+    let forger = leasehold::protocol::grant::GrantKey::generate();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf).await;
+            let w = leasehold::protocol::grant::WrittenRelease {
+                namespace: "x",
+                lock: "l",
+                lock_uid: "x",
+                claim: "x",
+            };
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\nleasehold-release: written\r\nleasehold-release-signature: {}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                forger.sign_written(&w)
+            );
+            let _ = conn.write_all(reply.as_bytes()).await;
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    answered
+}
+
+#[tokio::test]
+async fn a_written_answer_from_whatever_answers_at_the_published_url_without_the_lock_s_key_spares_no_mark() {
+    let ns = TestNs::new("stale-url").await;
+    // The status publishes an address where something else answers (a stale URL after
+    // a failover, a hijacked pod IP): "written", without the controller's signature.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let answered = answering_written_unsigned(listener);
+    let opts = Options {
+        release_url: Some(release_url("127.0.0.1", port)),
+        ..Options::single("stale-url", Some(&ns.name))
+    };
+    let _c = spawn_controller_with(ns.client.clone(), opts);
+    ns.lock("l", spec(15)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let first = lock_for(&ns, a).acquire().await.unwrap();
+    let versions = versions_until_deleted(&ns, first.claim());
+    let lock_b = lock_for(&ns, b);
+    let waiter = tokio::spawn(async move { lock_b.acquire().await });
+    ns.wait_lock("l", "b queued", |l| !queue(l).is_empty()).await;
+    first.release().await.unwrap();
+    assert!(
+        answered.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "the holder sent its notice to the published URL"
+    );
+    let seen = tokio::time::timeout(Duration::from_secs(20), versions)
+        .await
+        .expect("the released claim is deleted")
+        .unwrap();
+    assert!(
+        seen.iter().any(|l| l.annotations().contains_key(RELEASED_ANNOTATION)),
+        "the holder wrote its release mark (an unsigned 'written' spared it, and the slot waited for the claim's expiry)"
+    );
+    let second = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("b is granted")
+        .unwrap()
+        .unwrap();
+    second.release().await.unwrap();
+    let reasons = event_reasons(&ns, "l").await;
+    assert!(
+        !reasons.iter().any(|r| r == "Revoked"),
+        "released, not expired: {reasons:?}"
+    );
+}
