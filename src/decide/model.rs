@@ -7,16 +7,16 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::{DistributedLockSpec, DistributedLockStatus, RevokeReason};
 
 /// The order in which claims arrived: the API server's creation second first; within
-/// one second, the sub-second part of the time the client says it made the claim
-/// (so a controller that lists several claims at once after a failover keeps their
-/// order — a client can skew it only within its claim's creation second); then the
-/// order in which the observer first saw them.
+/// one second, the time the client says it made the claim (so a controller that lists
+/// several claims at once after a failover keeps their order — a client can skew it
+/// only within its claim's creation second); then the order in which the observer
+/// first saw them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Arrival {
     /// The claim's `metadata.creationTimestamp`, in seconds.
     pub created_secs: i64,
-    /// Microseconds within the second of the claim's `leasehold.dev/requested-at`.
-    pub requested_micros: u32,
+    /// The claim's `leasehold.dev/requested-at`, in microseconds since 1970.
+    pub requested_micros: i64,
     /// A counter the observer increments each time it first sees a claim.
     pub seen_seq: u64,
 }

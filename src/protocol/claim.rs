@@ -183,12 +183,14 @@ pub fn has_release_mark(lease: &Lease) -> bool {
     lease.annotations().contains_key(RELEASED_ANNOTATION)
 }
 
-/// The microseconds within its second of the claim's requested-at time (0 when absent
-/// or unreadable).
-pub fn requested_micros(lease: &Lease) -> u32 {
+/// The claim's requested-at time, in microseconds since 1970 (0 when absent or
+/// unreadable). Compared only among claims created within the same second of the API
+/// server's clock: its whole value, not its sub-second part alone, which runs backwards
+/// when the client's second turns within the server's.
+pub fn requested_micros(lease: &Lease) -> i64 {
     let at = lease.annotations().get(REQUESTED_AT_ANNOTATION);
     let at = at.and_then(|t| t.parse::<Timestamp>().ok());
-    at.map_or(0, |t| (t.subsec_nanosecond() / 1000) as u32)
+    at.map_or(0, |t| t.as_microsecond())
 }
 
 /// The lease the claim says its process lives by, in seconds: 0 when absent or
@@ -310,10 +312,16 @@ mod tests {
             let annotations = lease.metadata.annotations.get_or_insert_default();
             annotations.insert(REQUESTED_AT_ANNOTATION.into(), v.into());
         };
-        set(&mut lease, "2026-11-23T09:00:01.250000Z");
-        assert_eq!(requested_micros(&lease), 250_000);
+        set(&mut lease, "2026-11-23T09:00:01.999000Z");
+        let before = requested_micros(&lease);
+        set(&mut lease, "2026-11-23T09:00:02.005000Z");
+        let after = requested_micros(&lease);
+        assert!(
+            before < after,
+            "a client second turning within one server second keeps the order"
+        );
         set(&mut lease, "yesterday");
-        assert_eq!(requested_micros(&lease), 0, "garbled: no sub-second order");
+        assert_eq!(requested_micros(&lease), 0, "garbled: no order of its own");
     }
 
     #[test]

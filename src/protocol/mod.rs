@@ -93,7 +93,7 @@ pub const RELEASED_LABEL: &str = "leasehold.dev/released";
 /// Annotation a client sets on its claim at creation: the SHA-256 of its release secret.
 pub const RELEASE_HASH_ANNOTATION: &str = "leasehold.dev/release-hash";
 /// Annotation a client sets on its claim at creation: when it asked (RFC 3339, with
-/// microseconds). Only its sub-second part is used, to order claims created within
+/// microseconds). It is used only to order claims created within
 /// the same second of the API server's clock.
 pub const REQUESTED_AT_ANNOTATION: &str = "leasehold.dev/requested-at";
 /// Annotation a client sets on its claim at creation: the lease, in seconds, the claim
