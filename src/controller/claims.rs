@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
+use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::watcher::Event;
 
 use super::relisted::Relisted;
@@ -105,6 +106,19 @@ impl ClaimIndex {
     }
 }
 
+/// The deletion of a claim only as read (its UID and resourceVersion), so that a write
+/// since (a renewal) makes it fail: how a claim is expired, and how a claim out of view
+/// is taken away from a revoked holder.
+pub fn delete_as_read(fresh: &Lease) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: fresh.resource_version(),
+            uid: fresh.uid(),
+        }),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,5 +166,21 @@ mod tests {
         index.apply(&Event::InitDone);
         assert_eq!(index.of_lock("ns", "l2"), ["c1"]);
         assert!(index.locks_of_pod("ns", "b").is_empty());
+    }
+
+    #[test]
+    fn a_deletion_takes_only_the_claim_as_read() {
+        let fresh = Lease {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("l-1".into()),
+                uid: Some("uid-1".into()),
+                resource_version: Some("42".into()),
+                ..Default::default()
+            },
+            spec: None,
+        };
+        let body = serde_json::to_value(delete_as_read(&fresh)).unwrap();
+        assert_eq!(body["preconditions"]["resourceVersion"], "42");
+        assert_eq!(body["preconditions"]["uid"], "uid-1");
     }
 }

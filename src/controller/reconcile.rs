@@ -15,11 +15,12 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action as Requeue;
 use tracing::instrument;
 
 use super::apply::{after_write, publish_warnings};
+use super::claims::delete_as_read;
 use super::context::Context;
 use super::observe::{Plan, plan};
 use crate::api::{DistributedLock, DistributedLockStatus};
@@ -44,12 +45,9 @@ pub enum Error {
     /// Deleting a claim confirmed expired failed.
     #[error("deleting expired claim {0}: {1}")]
     Expire(String, #[source] kube::Error),
-    /// Reading a revoked holder's claim out of view by name failed.
-    #[error("looking up claim {0}, out of view at the end of its hold-back: {1}")]
-    ReadStray(String, #[source] kube::Error),
-    /// Deleting a revoked holder's claim found out of view failed.
-    #[error("deleting claim {0}, found without its lock label: {1}")]
-    DeleteStray(String, #[source] kube::Error),
+    /// Looking up or deleting a revoked holder's claim out of view failed.
+    #[error(transparent)]
+    Stray(#[from] super::strays::Error),
     /// A claim judged expired is gone, and the claim watch has not shown it yet.
     #[error("claim {0} is gone but the claim watch has not shown it yet; waiting for it")]
     ClaimGoneUnseen(String),
@@ -73,8 +71,7 @@ impl Error {
             Error::ConfirmExpiry(..) => "confirm_expiry",
             Error::ClaimGoneUnseen(..) => "claim_gone_unseen",
             Error::Expire(..) => "expire",
-            Error::ReadStray(..) => "read_stray",
-            Error::DeleteStray(..) => "delete_stray",
+            Error::Stray(e) => e.category(),
             Error::Conflicts(..) => "conflicts",
             Error::Etcd(e) => e.category(),
             Error::Finalizer(e) => e.category(),
@@ -122,7 +119,8 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         if renewed_unseen(&ctx, &ns, &plan).await? {
             continue; // the watch lags: plan again with what the fresh reads showed
         }
-        if super::strays::confirm(&ctx, &ns, &name, &plan.strays).await? {
+        let seen = (&ctx.client, &*ctx.tracker);
+        if super::strays::confirm(seen, &ns, &name, &plan.strays).await? {
             continue; // plan again with what the reads by name showed
         }
         publish_warnings(&ctx, &plan.warnings);
@@ -265,7 +263,7 @@ async fn renewed_unseen(ctx: &Context, ns: &str, plan: &Plan) -> Result<bool, Er
             renewed = true;
             continue;
         }
-        match leases.delete(&name, &expiry_delete(&fresh)).await {
+        match leases.delete(&name, &delete_as_read(&fresh)).await {
             // Deleted, or being deleted (something holds the object back): either way
             // a renewal from now on is refused or, on a terminating object, no renewal
             // to its client (see `client::session`).
@@ -331,18 +329,6 @@ fn saw_renewal(ctx: &Context, claim: &Lease, fresh: &Lease) -> bool {
         tracker.observe(fresh, Instant::now());
     }
     renewed
-}
-
-/// The deletion that expires a claim: only the claim as read (its UID and
-/// resourceVersion), so a renewal written since makes it fail.
-pub fn expiry_delete(fresh: &Lease) -> DeleteParams {
-    DeleteParams {
-        preconditions: Some(Preconditions {
-            resource_version: fresh.resource_version(),
-            uid: fresh.uid(),
-        }),
-        ..Default::default()
-    }
 }
 
 /// Count the error and retry soon.
@@ -453,7 +439,6 @@ fn deletion_waits(lock: &DistributedLock, status: &DistributedLockStatus) -> Opt
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
 
@@ -514,21 +499,5 @@ mod tests {
             "Reconciled",
             "a deleted lock without the fence (or on etcd) is let go at once: it waits for nothing"
         );
-    }
-
-    #[test]
-    fn an_expiry_deletes_only_the_claim_as_read() {
-        let fresh = Lease {
-            metadata: ObjectMeta {
-                name: Some("l-1".into()),
-                uid: Some("uid-1".into()),
-                resource_version: Some("42".into()),
-                ..Default::default()
-            },
-            spec: None,
-        };
-        let body = serde_json::to_value(expiry_delete(&fresh)).unwrap();
-        assert_eq!(body["preconditions"]["resourceVersion"], "42");
-        assert_eq!(body["preconditions"]["uid"], "uid-1");
     }
 }

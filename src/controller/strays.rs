@@ -20,27 +20,50 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use super::context::Context;
-use super::reconcile::{Error, expiry_delete};
+use super::claims::delete_as_read;
+use super::tracker::Tracker;
+
+/// Errors looking up a stray claim, each naming the action that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading a revoked holder's claim out of view by name failed.
+    #[error("looking up claim {0}, out of view since its holder's revocation: {1}")]
+    Read(String, #[source] kube::Error),
+    /// Deleting a revoked holder's claim found out of view failed.
+    #[error("deleting claim {0}, found without its lock label: {1}")]
+    Delete(String, #[source] kube::Error),
+}
+
+impl Error {
+    /// A short fixed string for metric labels.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Read(..) => "read_stray",
+            Error::Delete(..) => "delete_stray",
+        }
+    }
+}
 
 /// Look up each stray claim of `lock` (namespace `ns`) by name, as the module says.
 /// Returns whether anything was learnt (then plan again).
-pub async fn confirm(ctx: &Context, ns: &str, lock: &str, strays: &[String]) -> Result<bool, Error> {
-    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
+pub async fn confirm(
+    (client, tracker): (&kube::Client, &std::sync::Mutex<Tracker>),
+    ns: &str,
+    lock: &str,
+    strays: &[String],
+) -> Result<bool, Error> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
     for claim in strays {
-        let found = leases
-            .get_opt(claim)
-            .await
-            .map_err(|e| Error::ReadStray(claim.clone(), e))?;
+        let found = leases.get_opt(claim).await.map_err(|e| Error::Read(claim.clone(), e))?;
         if let Some(fresh) = found {
             // Deleted, or being deleted (a finalizer someone added holds it: a renewal
             // answered with a deletionTimestamp counts as refused by its client).
-            match leases.delete(claim, &expiry_delete(&fresh)).await {
+            match leases.delete(claim, &delete_as_read(&fresh)).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.is_not_found() => {}
                 // Written since the read: read it again on the next plan.
                 Err(kube::Error::Api(s)) if s.is_conflict() => continue,
-                Err(e) => return Err(Error::DeleteStray(claim.clone(), e)),
+                Err(e) => return Err(Error::Delete(claim.clone(), e)),
             }
             tracing::warn!(
                 claim,
@@ -50,7 +73,7 @@ pub async fn confirm(ctx: &Context, ns: &str, lock: &str, strays: &[String]) -> 
             );
         }
         // Gone as of now: the hold-back counts from here, once.
-        let mut tracker = ctx.tracker.lock().expect("tracker lock poisoned");
+        let mut tracker = tracker.lock().expect("tracker lock poisoned");
         tracker.restart_hold_back(ns, lock, claim, Instant::now());
         tracker.found_stray_gone(ns, lock, claim);
     }
