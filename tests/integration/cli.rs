@@ -104,14 +104,7 @@ async fn run_with_a_wrong_pod_name_or_uid_is_told_why_the_controller_refuses_it_
     // pod), maybe before the refusal is listed; either way the client says why.
     let mut pod = ns.pod("w").await;
     pod.name = "not-the-pods-name".into();
-    let mut child = run(kubeconfig(), &ns, &pod, &dir, &[], TRACE);
-    let status = tokio::time::timeout(RUN_DEADLINE, child.wait())
-        .await
-        .expect("leasehold run gives up by itself, told why (it waited for ever)")
-        .unwrap();
-    let stderr = stderr_of(&dir, "not-the-pods-name");
-    assert_eq!(status.code(), Some(125), "{stderr}");
-    assert!(log(&dir).is_empty(), "CMD never ran");
+    let stderr = refused_run(&ns, &dir, &pod).await;
     let refused = stderr.contains("refuses claim") && stderr.contains("PodNotFound");
     let collected = stderr.contains("garbage collector") && stderr.contains("POD_NAME (not-the-pods-name)");
     assert!(
@@ -126,16 +119,24 @@ async fn run_with_a_wrong_pod_name_or_uid_is_told_why_the_controller_refuses_it_
     // the collected claim.
     let mut pod = ns.pod("u").await;
     pod.uid = "not-the-pods-uid".into();
-    let mut child = run(kubeconfig(), &ns, &pod, &dir, &[], TRACE);
-    let status = tokio::time::timeout(RUN_DEADLINE, child.wait())
-        .await
-        .expect("leasehold run gives up by itself, told why")
-        .unwrap();
-    let stderr = stderr_of(&dir, "u");
-    assert_eq!(status.code(), Some(125), "{stderr}");
+    let stderr = refused_run(&ns, &dir, &pod).await;
     let refused = stderr.contains("refuses claim") && stderr.contains("PodUidMismatch");
     let collected = stderr.contains("garbage collector") && stderr.contains("POD_UID (not-the-pods-uid)");
     assert!(refused || collected, "{stderr}");
+}
+
+/// Run `leasehold run` as `pod` (an identity the controller refuses) until it gives up
+/// by itself: it exits 125 without running CMD; returns its stderr.
+async fn refused_run(ns: &TestNs, dir: &Path, pod: &leasehold::protocol::PodIdentity) -> String {
+    let mut child = run(kubeconfig(), ns, pod, dir, &[], TRACE);
+    let status = tokio::time::timeout(RUN_DEADLINE, child.wait())
+        .await
+        .expect("leasehold run gives up by itself, told why (it waited for ever)")
+        .unwrap();
+    let stderr = stderr_of(dir, &pod.name);
+    assert_eq!(status.code(), Some(125), "{stderr}");
+    assert!(log(dir).is_empty(), "CMD never ran");
+    stderr
 }
 
 #[tokio::test]
