@@ -67,10 +67,19 @@ async fn run_try_on_a_taken_lock_exits_with_the_timeout_exit_code_and_never_runs
     assert_eq!(code, Some(3), "the given --timeout-exit-code");
     assert!(log(&dir).is_empty(), "CMD never ran");
     let stderr = stderr_of(&dir, "b");
+    let lines = own_lines(&stderr);
     assert_eq!(
-        own_lines(&stderr),
-        ["leasehold: lock l is taken (--try): not running the command"],
-        "one line: {stderr}"
+        lines.last(),
+        Some(&"leasehold: lock l is taken (--try): not running the command"),
+        "{stderr}"
+    );
+    // The one line a loaded machine may add before it: the controller took over 5 s to
+    // place the claim. Nothing else.
+    assert!(
+        lines[..lines.len() - 1]
+            .iter()
+            .all(|l| l.contains("no controller has queued claim")),
+        "{stderr}"
     );
     ns.wait_lock("l", "the withdrawn claims leave the queue", |l| queue(l).is_empty())
         .await;
@@ -200,30 +209,21 @@ async fn run_retries_a_failed_release_and_returns_cmds_status() {
     );
     let mut run_a = run(&proxied, &ns, &a, &dir, &[], &script);
     wait_log(&dir, "a starts", |l| l.len() == 1).await;
-    // The API server refuses a's connections just as CMD ends: the release fails.
+    // The API server refuses a's connections just as CMD ends: the release fails. The
+    // path comes back once a says it retries (within its release budget, 15 s here).
     proxy.refuse();
     std::fs::write(&go, "").unwrap();
-    let retrying = tokio::time::timeout(
-        Duration::from_secs(10),
-        wait_stderr(&dir, "a", "releasing failed; retrying", DEADLINE),
-    )
-    .await;
+    wait_stderr(&dir, "a", "releasing failed; retrying", DEADLINE).await;
     proxy.restore();
     let status = tokio::time::timeout(RUN_DEADLINE, run_a.wait()).await.unwrap().unwrap();
     assert_eq!(status.code(), Some(3), "CMD's status, whatever the release did");
-    // Written on a retry, the release frees the lock long before the 30 s claim expires.
-    wait_for(
-        "the retried release to free the lock",
-        Duration::from_secs(5),
-        || async {
-            let l = ns.locks().get("l").await.ok()?;
-            holders(&l).is_empty().then_some(())
-        },
-    )
-    .await;
-    assert!(retrying.is_ok(), "a failed release was retried");
     let stderr = stderr_of(&dir, "a");
     assert!(!stderr.contains("the claim will expire"), "{stderr}");
+    // Written on a retry, the release freed the lock: released, not expired.
+    ns.wait_lock("l", "the lock free", |l| holders(l).is_empty()).await;
+    wait_event(&ns, "l", "Released").await;
+    let reasons = event_reasons(&ns, "l").await;
+    assert!(!reasons.iter().any(|r| r == "Revoked"), "{reasons:?}");
 }
 
 /// `leasehold status` with `args`; its output.

@@ -10,6 +10,13 @@ use tokio::process::{Child, Command};
 
 use crate::support::*;
 
+/// The lease of the handoff tests below. Short, so that a hold-back or an expiry costs
+/// little; not shorter, because a holder renews every lease/3 and stops at 3/4 of its
+/// lease after its last acknowledged renewal, and CMD gets SIGKILL a quarter-lease after
+/// SIGTERM: at 6 s an API call or a wake-up may take 1.5 s on a loaded machine before a
+/// live holder gives its grant up (at 3 s, 0.75 s was seen to be too little).
+const LEASE: i32 = 6;
+
 /// A scratch dir for one test's shared log and the runs' stderr.
 pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("leasehold-test-{name}-{}", std::process::id()));
@@ -109,7 +116,7 @@ async fn ticking_holder_and_waiter(ns: &TestNs, dir: &Path, script: &str) -> (Ch
 async fn forced_release_stops_the_children_of_a_forking_cmd_too() {
     let ns = TestNs::new("forkrel").await;
     let _c = spawn_controller(&ns, "forkrel");
-    ns.lock("l", spec(3)).await;
+    ns.lock("l", spec(LEASE)).await;
     let dir = scratch("forkrel");
     let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, FORKING).await;
     let claim_a = holder_claim(&ns, "l").await;
@@ -121,7 +128,7 @@ async fn forced_release_stops_the_children_of_a_forking_cmd_too() {
 async fn sigkill_of_the_supervisor_leaves_nothing_of_cmd_running_past_the_release() {
     let ns = TestNs::new("forksup").await;
     let _c = spawn_controller(&ns, "forksup");
-    ns.lock("l", spec(3)).await;
+    ns.lock("l", spec(LEASE)).await;
     let dir = scratch("forksup");
     let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, FORKING).await;
     // CMD's parent is the supervisor: kill it as the OOM killer would.
@@ -264,7 +271,7 @@ async fn cmd_cannot_forge_its_supervisors_report() {
 async fn sigkill_of_a_waiting_run_leaves_neither_supervisor_nor_cmd() {
     let ns = TestNs::new("waitkill").await;
     let _c = spawn_controller(&ns, "waitkill");
-    ns.lock("l", spec(3)).await;
+    ns.lock("l", spec(LEASE)).await;
     let dir = scratch("waitkill");
     let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, FORKING).await;
     // b waits with its supervisor started ahead of the grant.
@@ -301,7 +308,7 @@ async fn sigkill_of_a_waiting_run_leaves_neither_supervisor_nor_cmd() {
 async fn sigkill_of_run_kills_the_children_of_a_forking_cmd_too() {
     let ns = TestNs::new("forkkill").await;
     let _c = spawn_controller(&ns, "forkkill");
-    ns.lock("l", spec(3)).await;
+    ns.lock("l", spec(LEASE)).await;
     let dir = scratch("forkkill");
     let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, FORKING).await;
     run_a.kill().await.unwrap();
@@ -411,7 +418,8 @@ async fn run_times_out_with_status_75_and_withdraws_its_claim() {
     let dir = scratch("timeout");
     let waiter = ns.pod("waiter").await;
     let started = Instant::now();
-    // Time enough for the controller to queue the claim and the run to see it, under load.
+    // Time enough for the controller to queue the claim and the run to see it, under load
+    // (the assumption: within 8 s; the elapsed time checked below is a lower bound).
     let status = run(kubeconfig(), &ns, &waiter, &dir, &["--timeout", "8s"], "exit 0")
         .wait()
         .await
@@ -476,7 +484,7 @@ async fn try_acquire_and_reentrancy() {
 async fn forced_release_stops_cmd_before_the_next_holder_starts() {
     let ns = TestNs::new("forcedrun").await;
     let _c = spawn_controller(&ns, "forcedrun");
-    ns.lock("l", spec(3)).await;
+    ns.lock("l", spec(LEASE)).await;
     let dir = scratch("forcedrun");
     let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, kubeconfig()).await;
     let claim_a = holder_claim(&ns, "l").await;
@@ -500,7 +508,7 @@ async fn forced_release_stops_cmd_before_the_next_holder_starts() {
 async fn partition_stops_cmd_before_the_lock_passes_on_after_expiry() {
     let ns = TestNs::new("partition").await;
     let _c = spawn_controller(&ns, "partition");
-    ns.lock("l", spec(3)).await;
+    ns.lock("l", spec(LEASE)).await;
     let dir = scratch("partition");
     let (proxy, proxied) = proxied_kubeconfig(&dir).await;
     let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, &proxied).await;
@@ -512,15 +520,14 @@ async fn partition_stops_cmd_before_the_lock_passes_on_after_expiry() {
 async fn a_cut_off_holder_stops_before_the_lock_passes_on_across_a_controller_restart() {
     let ns = TestNs::new("partrestart").await;
     let controller = spawn_controller(&ns, "partrestart-1");
-    ns.lock("l", spec(3)).await;
+    ns.lock("l", spec(LEASE)).await;
     let dir = scratch("partrestart");
     let (proxy, proxied) = proxied_kubeconfig(&dir).await;
     let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, &proxied).await;
     proxy.cut();
     // The controller restarts while a is cut off: the new one rebuilds its view from
     // the API and must still wait for a's claim to expire.
-    controller.abort();
-    let _ = controller.await;
+    controller.stop().await;
     let _c = spawn_controller(&ns, "partrestart-2");
     a_lost_then_b_ran(&mut run_a, &mut run_b, &dir, &["start a", "term a", "start b", "end b"]).await;
 }
@@ -552,7 +559,7 @@ async fn black_holed_holder_with_a_slow_cmd_stops_before_the_lock_passes_on() {
 async fn force_deleted_pod_of_a_cut_off_holder_stops_cmd_before_the_next_starts() {
     let ns = TestNs::new("forcedelrun").await;
     let _c = spawn_controller(&ns, "forcedelrun");
-    ns.lock("l", spec(3)).await;
+    ns.lock("l", spec(LEASE)).await;
     let dir = scratch("forcedelrun");
     let (proxy, proxied) = proxied_kubeconfig(&dir).await;
     let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, &proxied).await;
@@ -589,7 +596,7 @@ async fn hold_back_after_a_forced_release_lasts_the_holders_lease_not_the_edited
 async fn a_forged_release_mark_does_not_let_the_next_holder_in_early() {
     let ns = TestNs::new("forge").await;
     let _c = spawn_controller(&ns, "forge");
-    ns.lock("l", spec(3)).await;
+    ns.lock("l", spec(LEASE)).await;
     let dir = scratch("forge");
     let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, STUBBORN).await;
     let claim_a = holder_claim(&ns, "l").await;
@@ -611,7 +618,7 @@ async fn a_forged_release_mark_does_not_let_the_next_holder_in_early() {
 async fn sigkill_of_run_kills_cmd_and_the_next_holder_starts_after_expiry() {
     let ns = TestNs::new("sigkill").await;
     let _c = spawn_controller(&ns, "sigkill");
-    let lease = 3;
+    let lease = LEASE;
     ns.lock("l", spec(lease)).await;
     let dir = scratch("sigkill");
     let (mut run_a, mut run_b) = holder_and_waiter(&ns, &dir, kubeconfig()).await;
@@ -623,10 +630,7 @@ async fn sigkill_of_run_kills_cmd_and_the_next_holder_starts_after_expiry() {
         (stat.is_empty() || stat.rsplit(')').next().unwrap().trim_start().starts_with('Z')).then_some(())
     })
     .await;
-    assert!(
-        killed.elapsed() < Duration::from_secs(2),
-        "CMD died with run, not by itself"
-    );
+    // (CMD runs until SIGTERM, which nobody sent: it died with its run.)
     wait_log(&dir, "b starts", |l| l.len() >= 2).await;
     assert!(
         killed.elapsed() >= Duration::from_secs(lease as u64),
@@ -647,15 +651,21 @@ async fn pod_deleted_hands_the_lock_on_promptly() {
     // Play the kubelet: stop the pod's processes, report it, then remove the object.
     run_a.kill().await.unwrap();
     let _ = run_a.wait().await;
-    let deleted = Instant::now();
     ns.stop_containers("a").await;
     ns.delete_pod("a").await;
     wait_log(&dir, "b starts", |l| l.len() >= 2).await;
-    assert!(
-        deleted.elapsed() < Duration::from_secs(10),
-        "handed on by pod deletion, not by the 60 s expiry"
-    );
     assert!(run_b.wait().await.unwrap().success());
+    // Handed on because a's pod went, not by the 60 s expiry (longer than the wait).
+    wait_event(&ns, "l", "Revoked").await;
+    let revoked: Vec<_> = events(&ns, "l")
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "Revoked")
+        .collect();
+    assert!(
+        revoked.iter().all(|(_, note)| note.starts_with("PodGone:")),
+        "{revoked:?}"
+    );
 }
 
 /// The client's end of one connection to the API server, read through a loopback

@@ -87,15 +87,14 @@ async fn a_standby_replica_takes_over_when_the_leader_stops_and_metrics_are_serv
     let (_, metrics) = get(ports[i], "/metrics").await.unwrap();
     let grants = format!("leasehold_grants_total{{namespace=\"{}\",lock=\"l\"}} 1", ns.name);
     assert!(metrics.contains(&grants), "the leader counts its grant:\n{metrics}");
-    assert!(metrics.contains("leasehold_queue_depth"), "{metrics}");
+    let depth = format!("leasehold_queue_depth{{namespace=\"{}\",lock=\"l\"}} 1\n", ns.name);
+    assert!(metrics.contains(&depth), "the leader shows b waiting:\n{metrics}");
     assert!(metrics.contains("\nleasehold_leader 1\n"), "{metrics}");
     let (_, standby) = get(ports[1 - i], "/metrics").await.unwrap();
     assert!(standby.contains("\nleasehold_leader 0\n"), "{standby}");
 
     // The leader stops; the standby takes over and grants continue.
-    let stopping = replicas[i].take().unwrap();
-    stopping.abort();
-    let _ = stopping.await;
+    replicas[i].take().unwrap().stop().await;
     let second = wait_for("the standby to lead", Duration::from_secs(40), || async {
         leader(&ns).await.filter(|l| *l != first)
     })
@@ -111,7 +110,11 @@ async fn a_standby_replica_takes_over_when_the_leader_stops_and_metrics_are_serv
     let l = ns.wait_lock("l", "c holds", |l| holders(l) == ["c"]).await;
     assert_eq!(tokens(&l), [3]);
     let (_, metrics) = get(ports[1 - i], "/metrics").await.unwrap();
-    assert!(metrics.contains("leasehold_handoff_seconds_count"), "{metrics}");
+    // The histogram has no labels: its count line is there from the start, at 0.
+    assert!(
+        metrics.contains("\nleasehold_handoff_seconds_count 2\n"),
+        "the new leader timed its two handoffs (a to b, b to c):\n{metrics}"
+    );
     assert!(
         metrics.contains("\nleasehold_leader 1\n"),
         "the new leader says so:\n{metrics}"
@@ -120,7 +123,7 @@ async fn a_standby_replica_takes_over_when_the_leader_stops_and_metrics_are_serv
 
 /// One controller of `ns` serving HTTP on a loopback port: the port, the controller's
 /// task and its first /metrics answer (head, body).
-async fn serving_controller(ns: &TestNs, name: &str) -> (u16, tokio::task::JoinHandle<()>, (String, String)) {
+async fn serving_controller(ns: &TestNs, name: &str) -> (u16, Running, (String, String)) {
     let port = free_port();
     let opts = Options {
         http_addr: Some(([127, 0, 0, 1], port).into()),
@@ -138,7 +141,7 @@ async fn a_controller_whose_future_is_dropped_serves_nothing_more() {
     // for a controller that no longer watches anything.
     let ns = TestNs::new("dropped").await;
     let (port, c, _) = serving_controller(&ns, "dropped").await;
-    c.abort();
+    c.stop().await;
     wait_for("the port to refuse connections", DEADLINE, || async {
         tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -219,7 +222,7 @@ async fn a_leader_cut_off_and_back_after_a_takeover_never_expires_a_live_holder(
     })
     .await;
     let _standby = spawn_controller_with(ns.client.clone(), elected(&ns, "hacut-1", None));
-    let _renewing = live_holder_and_waiter(&ns, 3).await;
+    let renewing = live_holder_and_waiter(&ns, 3).await;
 
     // The leader's packets vanish: the standby takes over once the leader Lease runs out.
     proxy.black_hole();
@@ -230,4 +233,5 @@ async fn a_leader_cut_off_and_back_after_a_takeover_never_expires_a_live_holder(
     // The old leader comes back, its caches stale, still thinking it may lead.
     proxy.restore();
     assert_undisturbed(&ns, Duration::from_secs(10)).await;
+    still_served(&ns, renewing).await;
 }

@@ -22,10 +22,21 @@ async fn an_acquire_dropped_while_waiting_withdraws_its_claim() {
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
     let guard = lock_for(ns.client.clone(), &ns, a).acquire().await.unwrap();
     let lock_b = lock_for(ns.client.clone(), &ns, b);
-    let waited = tokio::time::timeout(Duration::from_millis(1500), lock_b.acquire()).await;
-    assert!(waited.is_err(), "b cannot have the lock while a holds it");
+    let mut acquiring = Box::pin(lock_b.acquire());
+    // b's acquire runs until the controller has queued its claim; then it is dropped.
+    tokio::select! {
+        got = &mut acquiring => panic!("b cannot have the lock while a holds it: {:?}", got.map(|g| g.claim().to_string())),
+        _ = ns.wait_lock("l", "b queued", |l| queue(l) == ["b"]) => {}
+    }
+    let l = ns.locks().get("l").await.unwrap();
+    let claim_b = l.status.unwrap().queue[0].claim.clone();
+    drop(acquiring);
     ns.wait_lock("l", "b's abandoned claim leaves the queue", |l| queue(l).is_empty())
         .await;
+    wait_for("b's abandoned claim deleted", DEADLINE, || async {
+        leases(&ns).get_opt(&claim_b).await.unwrap().is_none().then_some(())
+    })
+    .await;
     guard.release().await.unwrap();
     ns.wait_lock("l", "nobody holds the lock", |l| holders(l).is_empty())
         .await;
@@ -73,7 +84,7 @@ async fn a_lock_re_created_under_the_same_name_issues_higher_tokens() {
 }
 
 #[tokio::test]
-async fn a_waiter_whose_watch_stalls_is_granted_within_a_lease() {
+async fn a_waiter_whose_watch_stalls_still_learns_of_its_grant() {
     let ns = TestNs::new("stallwait").await;
     let _c = spawn_controller(&ns, "stallwait");
     let lease = 3;
@@ -90,9 +101,11 @@ async fn a_waiter_whose_watch_stalls_is_granted_within_a_lease() {
     // b's watch stalls on a connection that answers nothing; then a releases.
     proxy.freeze_open();
     guard.release().await.unwrap();
-    let token = tokio::time::timeout(Duration::from_secs(2 * lease as u64), waiting)
+    // Without its own reads (at the wait-lease cadence, a lease here) b would wait as
+    // long as the watch stalls: for ever, past this deadline.
+    let token = tokio::time::timeout(DEADLINE, waiting)
         .await
-        .expect("b learns of its grant within a lease, though its watch is stalled")
+        .expect("b learns of its grant, though its watch is stalled")
         .unwrap()
         .unwrap();
     assert_eq!(token - epoch(&ns.locks().get("l").await.unwrap()), 2);
@@ -306,7 +319,9 @@ async fn renewals_seen(ns: &TestNs, claim: &str, n: usize) {
 async fn a_waiter_does_not_write_while_it_waits_and_renews_at_its_grant_before_it_acts() {
     let ns = TestNs::new("slowwait").await;
     let _c = spawn_controller(&ns, "slowwait");
-    let lease = 2;
+    // Short, so that a holds for three leases within ~13 s; not shorter, because a
+    // renews every lease/3 and must not lose its grant to a slow API call meanwhile.
+    let lease = 4;
     ns.lock("l", spec(lease)).await;
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
     let guard = lock_for(ns.client.clone(), &ns, a).acquire().await.unwrap();
@@ -348,7 +363,7 @@ async fn a_waiter_does_not_write_while_it_waits_and_renews_at_its_grant_before_i
 #[tokio::test]
 async fn a_lease_re_created_under_a_claims_name_renews_nothing_for_the_claims_client() {
     let ns = TestNs::new("recreatedclaim").await;
-    let controller = spawn_controller(&ns, "recreatedclaim");
+    let mut controller = spawn_controller(&ns, "recreatedclaim");
     let lease = 3;
     ns.lock("l", spec(lease)).await;
     let a = ns.pod("a").await;
@@ -363,7 +378,8 @@ async fn a_lease_re_created_under_a_claims_name_renews_nothing_for_the_claims_cl
     twin.metadata.creation_timestamp = None;
     twin.metadata.managed_fields = None;
     leases(&ns).create(&Default::default(), &twin).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(2 * lease as u64), guard.lost())
+    // (No controller runs: were the renewal taken for one, a would hold for ever.)
+    tokio::time::timeout(DEADLINE, guard.lost())
         .await
         .expect("a renewal landing on another object under the claim's name is no renewal");
     assert_eq!(*guard.state().borrow(), State::Lost(LostReason::ClaimGone));

@@ -32,7 +32,7 @@ fn lock_for(ns: &TestNs, pod: PodIdentity) -> Lock {
 /// claim's deletion and its watch event can take longer on a loaded 2-core machine,
 /// and the answer would then be "accepted" (with a mark written), which is correct but
 /// not the path under test. It stays under the 15 s lease's 1 s notice timeout.
-async fn controller_taking_notices(ns: &TestNs, name: &str) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+async fn controller_taking_notices(ns: &TestNs, name: &str) -> (SocketAddr, Running) {
     let port = free_port();
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let opts = Options {
@@ -178,7 +178,10 @@ async fn a_controller_that_never_answers_a_notice_costs_its_timeout_then_the_mar
         ..Options::single("noticehole", Some(&ns.name))
     };
     let _c = spawn_controller_with(ns.client.clone(), opts);
-    let lease = 2;
+    // The notice timeout is an eighth of the lease, and the mark is then written within
+    // the release budget (half the lease): at 6 s, the mark has 2.25 s on a loaded
+    // machine where at 2 s it had 667 ms.
+    let lease = 6;
     ns.lock("l", spec(lease)).await;
     let first = lock_for(&ns, ns.pod("a").await).acquire().await.unwrap();
     let claim = first.claim().to_string();
@@ -191,7 +194,11 @@ async fn a_controller_that_never_answers_a_notice_costs_its_timeout_then_the_mar
     let took = started.elapsed();
     let limit = notice_timeout(Duration::from_secs(lease as u64));
     assert!(took >= limit, "the notice was waited for ({took:?} < {limit:?})");
-    assert!(took < limit + Duration::from_secs(5), "and no longer ({took:?})");
+    // The assumption: the mark's write takes less than a lease on a loaded machine.
+    assert!(
+        took < limit + Duration::from_secs(lease as u64),
+        "and no longer ({took:?})"
+    );
     ns.wait_lock("l", "the slot is free", |l| holders(l).is_empty()).await;
     let seen = tokio::time::timeout(Duration::from_secs(20), versions)
         .await
@@ -223,7 +230,7 @@ async fn a_successor_is_granted_before_the_status_write_and_the_next_controller_
         release_url: Some(release_url("127.0.0.1", port)),
         ..Options::single("direct-a", Some(&ns.name))
     };
-    let controller_a = spawn_controller_with(through_proxy, opts);
+    let mut controller_a = spawn_controller_with(through_proxy, opts);
     ns.lock("l", spec(4)).await;
     let (a, b, c) = (ns.pod("a").await, ns.pod("b").await, ns.pod("c").await);
     let first = lock_for(&ns, a).acquire().await.unwrap();

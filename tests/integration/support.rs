@@ -200,6 +200,23 @@ pub fn spec(lease: i32) -> DistributedLockSpec {
     }
 }
 
+/// The assumption every outage test makes, said when it does not hold: a holder that
+/// renews every lease/3, retries a failed renewal within lease/12 (a quarter of that
+/// interval) and stops at 3/4 of its lease after its last acknowledged renewal rides out
+/// an outage shorter than 3/4 − 1/3 − 1/12 = 1/3 of its lease, for sure. `took` is the
+/// outage as measured (down time plus the component's start on this machine): when it
+/// is longer, the machine is too slow for the test, which says so rather than blame
+/// the product.
+pub fn assume_rides_out(what: &str, took: Duration, lease: i32) {
+    let bound = Duration::from_secs(lease as u64) / 3;
+    assert!(
+        took < bound,
+        "this machine is too slow for the test's assumption, not the product: the {what} \
+         outage took {took:?}, and a holder with a {lease} s lease rides out only {bound:?} for sure"
+    );
+    eprintln!("{what} outage: {took:?} (a {lease} s lease rides out {bound:?})");
+}
+
 /// A loopback port nothing listens on now.
 pub fn free_port() -> u16 {
     let sock = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
@@ -207,21 +224,78 @@ pub fn free_port() -> u16 {
 }
 
 /// Run a controller in this process (no leader election, no HTTP) watching only the
-/// test's namespace, until aborted.
-pub fn spawn_controller(ns: &TestNs, identity: &str) -> tokio::task::JoinHandle<()> {
+/// test's namespace, until stopped.
+pub fn spawn_controller(ns: &TestNs, identity: &str) -> Running {
     spawn_controller_with(
         ns.client.clone(),
         leasehold::controller::Options::single(identity, Some(&ns.name)),
     )
 }
 
-/// Run a controller with these options until aborted.
-pub fn spawn_controller_with(client: Client, opts: leasehold::controller::Options) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        leasehold::controller::run(client, opts, std::future::pending())
-            .await
-            .expect("controller failed");
-    })
+/// Run a controller with these options until stopped.
+pub fn spawn_controller_with(client: Client, opts: leasehold::controller::Options) -> Running {
+    let identity = opts.identity.clone();
+    let task = tokio::spawn(async move {
+        if let Err(e) = leasehold::controller::run(client, opts, std::future::pending()).await {
+            eprintln!("the in-process controller failed: {e:#}");
+        }
+    });
+    Running {
+        task: Some(task),
+        identity,
+    }
+}
+
+/// An in-process controller. It runs until the test stops it ([`Running::stop`],
+/// [`Running::abort`]); if it ends by itself (an error or a panic), the test fails when
+/// this handle is dropped, so that a dead controller cannot pass a test that checks that
+/// nothing happens.
+pub struct Running {
+    task: Option<tokio::task::JoinHandle<()>>,
+    identity: String,
+}
+
+impl Running {
+    /// Stop the controller now, without waiting for it to go.
+    pub fn abort(&mut self) {
+        if let Some(task) = self.task.take() {
+            self.check_alive(&task);
+            task.abort();
+        }
+    }
+
+    /// Stop the controller and wait until it has gone.
+    pub async fn stop(mut self) {
+        if let Some(task) = self.task.take() {
+            self.check_alive(&task);
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    /// Panic (failing the test) if the controller ended by itself.
+    fn check_alive(&self, task: &tokio::task::JoinHandle<()>) {
+        assert!(
+            !task.is_finished(),
+            "the in-process controller {} stopped before the test stopped it (its error or panic is above)",
+            self.identity
+        );
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            let dead = task.is_finished();
+            task.abort();
+            if dead && !std::thread::panicking() {
+                panic!(
+                    "the in-process controller {} stopped during the test (its error or panic is above)",
+                    self.identity
+                );
+            }
+        }
+    }
 }
 
 /// The pods of the current holders of a lock.
@@ -265,21 +339,24 @@ pub async fn release(ns: &TestNs, claim: &str) {
         .expect("release claim");
 }
 
-/// Renew a claim every `every` until the task is aborted (what a live client does).
+/// Renew a claim every `every` until the task is aborted or the claim is gone (what a
+/// live client does). A failed renewal is retried at the next beat, as a client does
+/// within its deadline: a transient API error must not look like a holder that stopped.
 pub fn keep_renewing(ns: &TestNs, claim: &str, every: Duration) -> tokio::task::JoinHandle<()> {
     let (api, claim) = (leases(ns), claim.to_string());
     tokio::spawn(async move {
         loop {
             let patch = Patch::Merge(leasehold::protocol::claim::renew_patch(None));
-            if api.patch(&claim, &PatchParams::default(), &patch).await.is_err() {
-                return;
+            match api.patch(&claim, &PatchParams::default(), &patch).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => return,
+                Err(e) => eprintln!("keep_renewing {claim}: {e} (retried at the next beat)"),
             }
             tokio::time::sleep(every).await;
         }
     })
 }
 
-/// The fencing tokens of the current holders.
 /// The fencing tokens of the current holders, counted from the lock's epoch (so the
 /// first grant is 1).
 pub fn tokens(lock: &DistributedLock) -> Vec<i64> {
@@ -314,12 +391,17 @@ pub fn last_granted(lock: &DistributedLock) -> i64 {
 
 /// Reasons of the Kubernetes events about `object` in the namespace.
 pub async fn event_reasons(ns: &TestNs, object: &str) -> Vec<String> {
+    events(ns, object).await.into_iter().map(|(reason, _)| reason).collect()
+}
+
+/// The Kubernetes events about `object` in the namespace: (reason, note).
+pub async fn events(ns: &TestNs, object: &str) -> Vec<(String, String)> {
     let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(ns.client.clone(), &ns.name);
     let list = api.list(&Default::default()).await.expect("list events");
     list.items
         .into_iter()
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object))
-        .filter_map(|e| e.reason)
+        .filter_map(|e| Some((e.reason?, e.note.unwrap_or_default())))
         .collect()
 }
 
@@ -375,7 +457,7 @@ pub async fn proxied_kubeconfig(dir: &Path) -> (Proxy, PathBuf) {
 
 /// A controller for `ns` (identity `name`) whose watches go through a proxy the test
 /// can stall, while its reads and writes go direct.
-pub async fn controller_with_proxied_watches(ns: &TestNs, name: &str) -> (Proxy, tokio::task::JoinHandle<()>) {
+pub async fn controller_with_proxied_watches(ns: &TestNs, name: &str) -> (Proxy, Running) {
     let dir = std::env::temp_dir().join(format!("leasehold-test-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (proxy, proxied) = proxied_kubeconfig(&dir).await;
@@ -455,6 +537,22 @@ pub async fn assert_undisturbed(ns: &TestNs, how_long: Duration) {
     .await;
     let reasons = event_reasons(ns, "l").await;
     assert!(!reasons.iter().any(|r| r == "Revoked" || r == "Dropped"), "{reasons:?}");
+}
+
+/// After a check that nothing happened (which a dead controller passes too): the
+/// controller still acts. Lock `l`'s holder a stops renewing (`renewing`, from
+/// [`live_holder_and_waiter`]) and releases, and waiter b is granted the next token.
+pub async fn still_served(ns: &TestNs, renewing: [tokio::task::JoinHandle<()>; 2]) {
+    let before = ns.locks().get("l").await.expect("read the lock");
+    let claim_a = before.status.as_ref().expect("a status").holders[0].claim.clone();
+    renewing[0].abort();
+    release(ns, &claim_a).await;
+    let l = ns
+        .wait_lock("l", "b holds after a's release: the controller still acts", |l| {
+            holders(l) == ["b"]
+        })
+        .await;
+    assert_eq!(last_granted(&l), last_granted(&before) + 1, "b has the next token");
 }
 
 /// The claim of lock `lock`'s first holder.
