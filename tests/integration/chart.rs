@@ -13,7 +13,7 @@ use leasehold::client::Lock;
 use crate::support::*;
 
 fn helm(args: &[&str]) -> std::process::Output {
-    let helm = std::env::var("LEASEHOLD_HELM").expect("checked by the caller");
+    let helm = std::env::var("LEASEHOLD_HELM").expect("checked by the test");
     let out = Command::new(helm)
         .args(args)
         .arg("--kubeconfig")
@@ -30,10 +30,10 @@ fn helm(args: &[&str]) -> std::process::Output {
 
 #[tokio::test]
 async fn chart_installs_and_its_rbac_is_enough_and_no_more() {
-    if std::env::var_os("LEASEHOLD_HELM").is_none() {
-        eprintln!("SKIPPED chart test: LEASEHOLD_HELM is not set (scripts/test.sh sets it via scripts/chart-check.sh)");
-        return;
-    }
+    assert!(
+        std::env::var_os("LEASEHOLD_HELM").is_some(),
+        "LEASEHOLD_HELM is not set: scripts/test.sh sets it (scripts/chart-check.sh fetches helm and prints its path)"
+    );
     let system = TestNs::new("chart").await;
     let app = TestNs::new("chartapp").await;
     let rel = format!("lh-{:04x}", rand::random::<u16>());

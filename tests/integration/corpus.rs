@@ -231,6 +231,20 @@ async fn a_thousand_claims_on_one_lock_all_wait_in_order() {
         })
         .await;
     assert_eq!(l.status.as_ref().unwrap().queue_length, 999);
+    // Each batch of 50 was made after the one before had been created: whatever order
+    // the claims of one batch arrived in, every claim of a batch is ahead of the next.
+    let batch = |claim: &str| claim["l-".len()..].parse::<usize>().unwrap() / 50;
+    let st = l.status.as_ref().unwrap();
+    let order: Vec<usize> = st
+        .holders
+        .iter()
+        .map(|h| batch(&h.claim))
+        .chain(st.queue.iter().map(|w| batch(&w.claim)))
+        .collect();
+    assert!(
+        order.windows(2).all(|w| w[0] <= w[1]),
+        "a later batch queued ahead of an earlier one: {order:?}"
+    );
     // A healthy lock beside it is still served.
     ns.lock("other", spec(15, 1)).await;
     take_turn(&ns, "other", p).await;

@@ -13,7 +13,10 @@ async fn example_manifests_are_accepted_by_the_api_server() {
     let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).collect();
     files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
     files.sort();
-    let (mut created, mut skipped, mut total) = (0, 0, 0);
+    // What this v1.20 API server does not serve; each is checked offline by
+    // kubernetes-validate (scripts/chart-check.sh) instead.
+    const NOT_ON_V1_20: &[(&str, &str)] = &[("batch/v1", "CronJob")];
+    let (mut created, mut skipped) = (0, Vec::new());
     for file in &files {
         let text = std::fs::read_to_string(file).unwrap();
         for doc in serde_norway::Deserializer::from_str(&text) {
@@ -21,23 +24,22 @@ async fn example_manifests_are_accepted_by_the_api_server() {
             if value.is_null() {
                 continue;
             }
-            total += 1;
             let mut obj: DynamicObject = serde_norway::from_value(value).unwrap();
             let types = obj.types.clone().expect("every example names apiVersion and kind");
             let gvk = GroupVersionKind::try_from(&types).unwrap();
-            let (resource, _) = match discovery::pinned_kind(&ns.client, &gvk).await {
-                Ok(found) => found,
-                Err(_) => {
-                    eprintln!(
-                        "SKIPPED {} {} in {}: not served by this v1.20 API server (checked offline by kubernetes-validate)",
-                        types.api_version,
-                        types.kind,
-                        file.display()
-                    );
-                    skipped += 1;
-                    continue;
-                }
-            };
+            if NOT_ON_V1_20.contains(&(types.api_version.as_str(), types.kind.as_str())) {
+                eprintln!(
+                    "SKIPPED {} {} in {}: not served by v1.20",
+                    types.api_version,
+                    types.kind,
+                    file.display()
+                );
+                skipped.push(types.kind.clone());
+                continue;
+            }
+            let (resource, _) = discovery::pinned_kind(&ns.client, &gvk)
+                .await
+                .unwrap_or_else(|e| panic!("{}: {} {}: {e}", file.display(), types.api_version, types.kind));
             obj.metadata.namespace = Some(ns.name.clone());
             let api: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &resource);
             if let Err(e) = api.create(&PostParams::default(), &obj).await {
@@ -51,10 +53,9 @@ async fn example_manifests_are_accepted_by_the_api_server() {
             created += 1;
         }
     }
-    assert_eq!(created + skipped, total);
     assert!(
-        skipped <= 1,
-        "only the batch/v1 CronJob may be skipped on v1.20, not {skipped} objects"
+        skipped.len() <= 1,
+        "only the one CronJob may be skipped, not {skipped:?}"
     );
     assert!(created >= 11, "only {created} objects created from {files:?}");
 }
