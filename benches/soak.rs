@@ -19,8 +19,10 @@
 //!
 //! The history check: sections never overlap — a section lasts from its `start` line to
 //! the last line its token wrote (ticks of leftover children included) — and tokens
-//! strictly increase in start order. Prints the figures and exits non-zero on a
-//! violation.
+//! strictly increase in start order. Every run must end in a way a fault explains (see
+//! `EXPECTED_EXITS`), and once the faults stop every runner's last run must end within
+//! a drain of ten leases and 30 s (a runner waiting past it is a lost waiter). Prints
+//! the figures and exits non-zero on a violation.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -88,6 +90,8 @@ struct World {
     /// for release notices stays good, and holders reach it while it runs.
     http_port: u16,
     runners: Vec<Runner>,
+    /// How each `leasehold run` ended: its exit code, or the signal that killed it.
+    exits: Mutex<BTreeMap<String, u32>>,
 }
 
 struct Runner {
@@ -156,6 +160,7 @@ async fn main() -> anyhow::Result<()> {
         controller: Mutex::new(None),
         http_port: std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port(),
         runners,
+        exits: Mutex::new(BTreeMap::new()),
     });
     start_controller(&world)?;
     let started = Instant::now();
@@ -182,14 +187,38 @@ async fn main() -> anyhow::Result<()> {
             *faults.entry(fault).or_default() += 1;
         }
     }
-    for l in loops {
-        l.await?;
+    // Once the faults stop, every runner's last run ends within the drain: the faults
+    // still in place (two leases at most) pass, a holder cut off is expired (a lease and
+    // its grace), and the others take their turns. A runner still waiting past it is a
+    // lost waiter.
+    let drain = world.lease * 10 + Duration::from_secs(30);
+    let mut lost = Vec::new();
+    for (i, l) in loops.into_iter().enumerate() {
+        if tokio::time::timeout_at((end + drain).into(), l).await.is_err() {
+            lost.push(format!(
+                "lost waiter: {}'s run had not ended {drain:?} after the faults stopped",
+                world.runners[i].pod
+            ));
+            if let Some(c) = world.runners[i].child.lock().unwrap().as_mut() {
+                let _ = c.start_kill();
+            }
+        }
     }
     if let Some(mut c) = world.controller.lock().unwrap().take() {
         let _ = c.start_kill();
     }
     let log = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
-    let report = check(&log);
+    let mut report = check(&log);
+    report.violations.extend(lost);
+    let exits = world.exits.lock().unwrap().clone();
+    println!("runs ended: {exits:?}");
+    for (how, n) in &exits {
+        if !EXPECTED_EXITS.contains(&how.as_str()) {
+            report
+                .violations
+                .push(format!("{n} runs ended with {how}, which no fault explains"));
+        }
+    }
     println!(
         "soak: {:.0} s, {} pods, lease {} s: {} sections (handoffs), {} ticks checked",
         started.elapsed().as_secs_f64(),
@@ -204,7 +233,7 @@ async fn main() -> anyhow::Result<()> {
     for v in report.violations.iter().take(20) {
         println!("  {v}");
     }
-    if report.violations.is_empty() && report.sections > 0 {
+    if report.violations.is_empty() && report.sections > 0 && exits.get("exit 0").is_some_and(|n| *n > 0) {
         println!("soak: 1 passed, 0 failed");
         Ok(())
     } else {
@@ -259,6 +288,23 @@ fn start_controller(world: &World) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How a `leasehold run` may end under the soak's faults: CMD's status (0: the section
+/// always succeeds), 76 (the grant lost: a black hole, a forced or forged release, a
+/// tampered claim), 125 (leasehold's own error: a refused claim after a neighbour changed
+/// its pod fields or its pod was re-created, an API error), SIGKILL (`RunnerKill`).
+/// Anything else (101 is a panic) is a violation.
+const EXPECTED_EXITS: [&str; 4] = ["exit 0", "exit 76", "exit 125", "signal 9"];
+
+/// How a child ended, as [`EXPECTED_EXITS`] names it.
+fn ended(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit {code}"),
+        (None, Some(sig)) => format!("signal {sig}"),
+        (None, None) => format!("{status}"),
+    }
+}
+
 /// One pod's client: `leasehold run` again and again until `end`.
 async fn run_loop(world: Arc<World>, i: usize, end: Instant) {
     let r = &world.runners[i];
@@ -283,9 +329,13 @@ async fn run_loop(world: Arc<World>, i: usize, end: Instant) {
         loop {
             let done = {
                 let mut guard = r.child.lock().unwrap();
-                match guard.as_mut() {
-                    Some(c) => c.try_wait().map(|s| s.is_some()).unwrap_or(true),
-                    None => true,
+                match guard.as_mut().map(|c| c.try_wait()) {
+                    Some(Ok(Some(status))) => {
+                        *world.exits.lock().unwrap().entry(ended(status)).or_default() += 1;
+                        true
+                    }
+                    Some(Ok(None)) => false,
+                    Some(Err(_)) | None => true,
                 }
             };
             if done {
