@@ -27,7 +27,8 @@
 //! Options: `--rounds N`, `--contenders N` (default 20), `--only a,b` (series keys),
 //! `--csv PATH` (default `$CARGO_TARGET_DIR/handoff.csv`), `--no-notices` (the
 //! controller publishes no release URL: holders release through their claims alone,
-//! as before release notices).
+//! as before release notices), `--unanswered-notices` (the published URL's connections
+//! never complete, as when a NetworkPolicy drops the clients' packets to it).
 
 mod inproc;
 mod procs;
@@ -47,6 +48,9 @@ struct Args {
     only: Option<Vec<String>>,
     csv: PathBuf,
     notices: bool,
+    /// The published release URL's connections never complete (a NetworkPolicy that
+    /// drops the clients' packets to the controller).
+    unanswered: bool,
 }
 
 fn args() -> Option<Args> {
@@ -59,6 +63,7 @@ fn args() -> Option<Args> {
         only: value("--only").map(|v| v.split(',').map(String::from).collect()),
         csv: value("--csv").map_or_else(|| target.join("handoff.csv"), PathBuf::from),
         notices: !argv.iter().any(|a| a == "--no-notices"),
+        unanswered: argv.iter().any(|a| a == "--unanswered-notices"),
     })
 }
 
@@ -81,16 +86,22 @@ async fn measure(args: &Args, kubeconfig: &Path, etcd: &str) -> anyhow::Result<(
     // The controller serves release notices on loopback, as a deployed one does on its
     // pod IP (`--advertise-address`).
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let hole = leasehold::dev::proxy::Unanswered::start().await?;
+    let published = if args.unanswered { hole.port } else { port };
     let opts = leasehold::controller::Options {
         http_addr: Some(([127, 0, 0, 1], port).into()),
         release_url: args
             .notices
-            .then(|| leasehold::controller::release_url("127.0.0.1", port)),
+            .then(|| leasehold::controller::release_url("127.0.0.1", published)),
         ..leasehold::controller::Options::single("bench", None)
     };
     println!(
         "release notices: {}",
-        if args.notices { "on" } else { "off (--no-notices)" }
+        match (args.notices, args.unanswered) {
+            (false, _) => "off (--no-notices)",
+            (true, false) => "on",
+            (true, true) => "on, to a URL whose connections never complete (--unanswered-notices)",
+        }
     );
     let controller = tokio::spawn(leasehold::controller::run(client.clone(), opts, std::future::pending()));
     let leasehold = Path::new(LEASEHOLD);

@@ -426,6 +426,10 @@ impl Lock {
                 return Ok(Outcome::Tampered(field));
             }
             notices_to = NoticeTarget::of(&lock);
+            if let Some(target) = &notices_to {
+                // Found out while waiting, not when releasing: can notices reach it?
+                super::notice::probe(&target.url, session.lease);
+            }
             if let Some(token) = granted_token(&status, claim) {
                 session.set_notice_target(notices_to.clone());
                 return Ok(Outcome::Granted(token));

@@ -2,8 +2,18 @@
 //! the URL the lock's status published, on a connection of its own, bounded by
 //! [`notice_timeout`]. Its answer only decides whether the release mark is still
 //! written: whatever goes wrong here, the caller falls back to the mark.
+//!
+//! A URL that cannot be reached (a NetworkPolicy that drops the client's packets, an
+//! address that no longer answers) would cost every release the whole notice timeout.
+//! So each URL is probed once, off the release's path, when a status first publishes
+//! it to this process (a TCP connect, bounded by the same timeout, while the claim
+//! waits or its holder works); a URL found unreachable, by the probe or by a notice
+//! that got no answer, is skipped for [`UNREACHABLE_FOR`]: the release goes straight
+//! to the mark. (A `leasehold run`, which releases once, learns it from its probe.)
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -38,6 +48,72 @@ impl NoticeTarget {
     }
 }
 
+/// How long this process skips a notice URL found unreachable before it tries again.
+pub(crate) const UNREACHABLE_FOR: Duration = Duration::from_secs(60);
+
+/// What this process knows of one notice URL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reach {
+    /// A probe is under way.
+    Probing,
+    /// Reached (by a probe): notices are sent.
+    Reached,
+    /// Not reached (by a probe or a notice): skipped until then.
+    Unreachable(Instant),
+}
+
+/// What this process knows of the notice URLs it met.
+static REACH: Mutex<BTreeMap<String, Reach>> = Mutex::new(BTreeMap::new());
+
+fn reach() -> std::sync::MutexGuard<'static, BTreeMap<String, Reach>> {
+    REACH.lock().expect("notice reachability lock poisoned")
+}
+
+/// Whether `url` was found unreachable within [`UNREACHABLE_FOR`] of `now`.
+fn unreachable(url: &str, now: Instant) -> bool {
+    matches!(reach().get(url), Some(Reach::Unreachable(until)) if *until > now)
+}
+
+/// Remember whether `url` could be reached, as learnt at `now`.
+fn learn(url: &str, reached: bool, now: Instant) {
+    let known = if reached {
+        Reach::Reached
+    } else {
+        Reach::Unreachable(now + UNREACHABLE_FOR)
+    };
+    reach().insert(url.to_string(), known);
+}
+
+/// Probe `url` in the background (a TCP connect, bounded by [`notice_timeout`]) so
+/// that a release never waits for a URL that cannot be reached: once per URL, and
+/// again once a URL found unreachable may be tried again. Needs a Tokio runtime;
+/// without one, nothing is probed and notices are sent as usual. Returns the probe's
+/// task, if one was started.
+pub(crate) fn probe(url: &str, lease: Duration) -> Option<tokio::task::JoinHandle<()>> {
+    let authority = notice_uri(url)?.authority()?.to_string();
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    {
+        let mut known = reach();
+        match known.get(url) {
+            Some(Reach::Probing | Reach::Reached) => return None,
+            Some(Reach::Unreachable(until)) if *until > Instant::now() => return None,
+            _ => known.insert(url.to_string(), Reach::Probing),
+        };
+    }
+    let (url, limit) = (url.to_string(), notice_timeout(lease));
+    Some(runtime.spawn(async move {
+        let connected = tokio::time::timeout(limit, tokio::net::TcpStream::connect(authority.as_str())).await;
+        let reached = matches!(connected, Ok(Ok(_)));
+        if !reached {
+            tracing::info!(
+                release_url = url,
+                "the controller's release URL cannot be reached: releases write the mark at once"
+            );
+        }
+        learn(&url, reached, Instant::now());
+    }))
+}
+
 /// Send `notice` to the controller at `target`; true only when it answers that the
 /// release is written in the lock's status, signed by the key the status published.
 pub(crate) async fn written(target: &NoticeTarget, notice: &Notice, lease: Duration) -> bool {
@@ -45,6 +121,13 @@ pub(crate) async fn written(target: &NoticeTarget, notice: &Notice, lease: Durat
         tracing::debug!(release_url = target.url, "not a release URL; marking the claim instead");
         return false;
     };
+    if unreachable(&target.url, Instant::now()) {
+        tracing::debug!(
+            release_url = target.url,
+            "release URL found unreachable; marking the claim"
+        );
+        return false;
+    }
     let signed = |signature: &str| {
         let answer = WrittenRelease {
             namespace: &notice.namespace,
@@ -75,6 +158,7 @@ pub(crate) async fn written(target: &NoticeTarget, notice: &Notice, lease: Durat
         }
         Ok(Err(e)) => {
             tracing::debug!(claim = notice.claim, error = %e, "release notice failed; marking the claim");
+            learn(&target.url, false, Instant::now());
             false
         }
         Err(_) => {
@@ -83,6 +167,7 @@ pub(crate) async fn written(target: &NoticeTarget, notice: &Notice, lease: Durat
                 ?limit,
                 "release notice timed out; marking the claim"
             );
+            learn(&target.url, false, Instant::now());
             false
         }
     }
@@ -227,5 +312,40 @@ mod tests {
         let started = tokio::time::Instant::now();
         assert!(!written(&to(&url), &notice(), lease).await);
         assert_eq!(started.elapsed(), notice_timeout(lease));
+        // Unanswered once, the URL is not waited for again: the next release marks at once.
+        let again = tokio::time::Instant::now();
+        assert!(!written(&to(&url), &notice(), lease).await);
+        assert_eq!(again.elapsed(), Duration::ZERO);
+    }
+
+    #[test]
+    fn an_unreachable_url_is_skipped_for_a_while_and_a_reached_one_is_not() {
+        let (url, now) = ("http://10.0.0.1:8080", Instant::now());
+        assert!(!unreachable(url, now));
+        learn(url, false, now);
+        assert!(unreachable(url, now + UNREACHABLE_FOR - Duration::from_millis(1)));
+        assert!(!unreachable(url, now + UNREACHABLE_FOR), "tried again after a while");
+        learn(url, false, now);
+        learn(url, true, now);
+        assert!(!unreachable(url, now), "reached again: no longer skipped");
+    }
+
+    #[tokio::test]
+    async fn a_probe_finds_a_closed_port_unreachable_and_an_open_one_reachable() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let lease = Duration::from_secs(15);
+        probe(&url, lease).expect("a probe").await.unwrap();
+        assert!(unreachable(&url, Instant::now()));
+        assert!(!written(&to(&url), &notice(), lease).await);
+        assert!(probe(&url, lease).is_none(), "probed once, not on every status");
+        // An open port is reached, and probed once.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let open = format!("http://{}", listener.local_addr().unwrap());
+        probe(&open, lease).expect("a probe").await.unwrap();
+        assert!(!unreachable(&open, Instant::now()));
+        assert!(probe(&open, lease).is_none());
+        assert!(probe("https://example.invalid:1", lease).is_none(), "not a release URL");
     }
 }

@@ -303,6 +303,9 @@ impl Session {
         if let Release::Kube { notice_target, .. } = &self.release {
             let mut current = notice_target.lock().expect("notice target lock poisoned");
             if *current != target {
+                if let Some(t) = &target {
+                    super::notice::probe(&t.url, self.lease);
+                }
                 *current = target;
             }
         }

@@ -2,7 +2,8 @@
 //! through the faults a real network has: refusing (`cut` for good, `refuse` until
 //! `restore`), black-holing (sockets stay open, nothing comes through: `black_hole`), and holding back only the connections
 //! already open (a watch stuck on a half-open connection while new requests pass:
-//! `freeze_open`, undone by `thaw`).
+//! `freeze_open`, undone by `thaw`). And [`Unanswered`]: an address whose connections
+//! never complete, as a NetworkPolicy that drops packets makes one.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -129,6 +130,33 @@ impl Proxy {
         let text = std::fs::read_to_string(kubeconfig)?;
         let text = text.replace(&format!("127.0.0.1:{port}"), &format!("127.0.0.1:{}", self.port));
         std::fs::write(path, text)
+    }
+}
+
+/// A loopback address whose connections never complete: what a published URL looks
+/// like to a client whose packets a NetworkPolicy drops. Its listener's accept queue
+/// (backlog 0) is filled by one connection of its own and never drained, so the kernel
+/// drops every further SYN and a connect hangs until the caller's timeout.
+pub struct Unanswered {
+    /// The address's port on 127.0.0.1.
+    pub port: u16,
+    _listener: TcpListener,
+    _filler: TcpStream,
+}
+
+impl Unanswered {
+    /// Listen on a new loopback port and fill its accept queue.
+    pub async fn start() -> std::io::Result<Self> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(([127, 0, 0, 1], 0).into())?;
+        let listener = socket.listen(0)?;
+        let port = listener.local_addr()?.port();
+        let filler = TcpStream::connect(("127.0.0.1", port)).await?;
+        Ok(Unanswered {
+            port,
+            _listener: listener,
+            _filler: filler,
+        })
     }
 }
 

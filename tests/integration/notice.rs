@@ -210,6 +210,56 @@ async fn a_controller_that_never_answers_a_notice_costs_its_timeout_then_the_mar
     );
 }
 
+#[tokio::test]
+async fn a_release_url_whose_packets_are_dropped_costs_a_waiting_run_s_release_nothing() {
+    // A NetworkPolicy that drops the clients' packets to the controller: connections to
+    // the published URL never complete. Every release used to wait the notice timeout.
+    let ns = TestNs::new("noticedrop").await;
+    let hole = leasehold::dev::proxy::Unanswered::start().await.unwrap();
+    let opts = Options {
+        release_url: Some(release_url("127.0.0.1", hole.port)),
+        ..Options::single("noticedrop", Some(&ns.name))
+    };
+    let _c = spawn_controller_with(ns.client.clone(), opts);
+    let lease = 10;
+    ns.lock("l", spec(lease)).await;
+    let holder = lock_for(&ns, ns.pod("a").await).acquire().await.unwrap();
+    let dir = crate::client::scratch("noticedrop");
+    let b = ns.pod("b").await;
+    let env = [("RUST_LOG", "info")];
+    let mut run_b = crate::client::run_with_env(kubeconfig(), &ns, &b, &dir, &[], &env, crate::client::SECTION);
+    let l = ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    let claim_b = l.status.unwrap().queue[0].claim.clone();
+    // While b waits, it probes the URL its lock published, and says what it found.
+    wait_for("b to find the release URL unreachable", DEADLINE, || async {
+        let stderr = std::fs::read_to_string(dir.join("b.stderr")).unwrap_or_default();
+        stderr.contains("release URL cannot be reached").then_some(())
+    })
+    .await;
+    let versions = versions_until_deleted(&ns, &claim_b);
+    holder.release().await.unwrap();
+    crate::client::wait_log(&dir, "b's CMD ends", |l| l.iter().any(|l| l[0] == "end")).await;
+    let ended = Instant::now();
+    let status = tokio::time::timeout(DEADLINE, run_b.wait()).await.unwrap().unwrap();
+    let took = ended.elapsed();
+    assert!(status.success());
+    // The assumption: a mark write and the run's exit take less than half the notice
+    // timeout (1 s at this lease) on a loaded machine.
+    let limit = notice_timeout(Duration::from_secs(lease as u64));
+    assert!(
+        took < limit / 2,
+        "b's release waited for the unreachable URL: {took:?} from its CMD's end to its exit"
+    );
+    let seen = tokio::time::timeout(DEADLINE, versions)
+        .await
+        .expect("b's released claim is swept")
+        .unwrap();
+    assert!(
+        seen.iter().any(|l| l.annotations().contains_key(RELEASED_ANNOTATION)),
+        "b released through its claim's mark"
+    );
+}
+
 /// The lock's designated successor: its claim and reserved token.
 fn successor(lock: &leasehold::api::DistributedLock) -> Option<(String, i64)> {
     let s = lock.status.as_ref()?.successor.as_ref()?;
