@@ -180,6 +180,10 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         closing: lock.metadata.deletion_timestamp.is_some(),
     };
     let mut decision = decide(&world);
+    if let Some(at) = decision.recheck_at {
+        let wait = at.as_microsecond().saturating_sub(wall.as_microsecond()).max(0);
+        deadlines.push(now + Duration::from_micros(wait as u64));
+    }
     decision.delete_claims.retain(|c| !gone_names.contains(c)); // deleted already
     let deleting = |c: &str| decision.delete_claims.iter().any(|d| d == c) || ctx.written.deleting(&ns, c);
     decision.status.refused = crate::decide::refusals(&decision.ignored, deleting);

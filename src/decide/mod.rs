@@ -45,6 +45,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 
 use crate::api::Refusal;
 use crate::api::{DistributedLockStatus, Holder, Revocation, RevokeReason, Successor, Waiter};
@@ -157,6 +158,7 @@ pub fn decide(world: &World<'_>) -> Decision {
         actions: Vec::new(),
         delete_claims: Vec::new(),
         ignored: Vec::new(),
+        recheck_at: None,
     };
     let claims: BTreeMap<&str, &ClaimView> = world.claims.iter().map(|c| (c.name.as_str(), c)).collect();
     let mut known: BTreeSet<&str> = BTreeSet::new();
@@ -406,6 +408,9 @@ fn decide_queue<'w>(
         .filter(|c| !known.contains(c.name.as_str()))
         .collect();
     new.sort_by(|a, b| (a.arrival, &a.name).cmp(&(b.arrival, &b.name)));
+    // Set once a new claim waits for its pod to be seen: younger claims keep their
+    // places behind it (they are neither queued nor refused yet).
+    let mut behind_unseen_pod = false;
     for c in new {
         if !known.insert(c.name.as_str()) {
             continue; // two claims of one name: only the first counts
@@ -448,6 +453,14 @@ fn decide_queue<'w>(
                 .push(Action::new(&c.name, &c.pod, ActionKind::Revoked(token, reason)));
             continue;
         }
+        if behind_unseen_pod {
+            continue;
+        }
+        if let Some(ends) = awaits_its_pod(world, c) {
+            behind_unseen_pod = true;
+            d.recheck_at = Some(d.recheck_at.map_or(ends, |at| at.min(ends)));
+            continue;
+        }
         if let Some(reason) = ignore.or((queue.len() >= room).then_some(IgnoreReason::QueueFull)) {
             d.ignored.push((c.name.clone(), reason));
             continue;
@@ -464,6 +477,22 @@ fn decide_queue<'w>(
             .push(Action::new(&c.name, &c.pod, ActionKind::Enqueued(queue.len())));
     }
     (queue, stale)
+}
+
+/// When the grace of new claim `c` ends, if it names a pod not seen at all (not in
+/// the pods, not known stopped) and is younger than
+/// [`crate::protocol::timing::POD_CACHE_GRACE`]: the pod may just not be in the cache
+/// yet, so the claim keeps its place rather than be refused.
+fn awaits_its_pod(world: &World<'_>, c: &ClaimView) -> Option<Timestamp> {
+    if !matches!(
+        liveness(world, &c.pod, &c.pod_uid),
+        Liveness::Unknown(RevokeReason::PodGone)
+    ) {
+        return None;
+    }
+    let grace = crate::protocol::timing::POD_CACHE_GRACE.as_secs() as i64;
+    let ends = Timestamp::from_second(c.arrival.created_secs.saturating_add(grace)).ok()?;
+    (world.now < ends).then_some(ends)
 }
 
 /// Grant queue heads while slots are free (the successor, at the head, with the token

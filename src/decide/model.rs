@@ -162,4 +162,7 @@ pub struct Decision {
     pub delete_claims: Vec<String>,
     /// Claims left out of the queue, and why.
     pub ignored: Vec<(String, IgnoreReason)>,
+    /// When to decide again because a new claim waits for its pod to be seen (see
+    /// [`crate::protocol::timing::POD_CACHE_GRACE`]): the end of its grace.
+    pub recheck_at: Option<Timestamp>,
 }

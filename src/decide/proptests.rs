@@ -194,7 +194,7 @@ impl Model {
                     pod: pod(i),
                     pod_uid: uid,
                     arrival: Arrival {
-                        created_secs: 0,
+                        created_secs: super::tests::MADE_AT_SECS,
                         requested_micros: 0,
                         seen_seq: self.made.len() as u64,
                     },

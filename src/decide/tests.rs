@@ -17,6 +17,8 @@ pub(super) struct Fixture {
     pub stopped: StoppedPods,
     pub token_floor: i64,
     pub closing: bool,
+    /// The observer's clock.
+    pub now: Timestamp,
     seq: u64,
 }
 
@@ -31,9 +33,14 @@ pub(super) fn lock() -> Fixture {
         stopped: StoppedPods::new(),
         token_floor: 0,
         closing: false,
+        now: Timestamp::UNIX_EPOCH,
         seq: 0,
     }
 }
+
+/// When a claim made by the builders was created: a minute before the observer's
+/// clock, unless [`Fixture::just_made`] says otherwise.
+pub(super) const MADE_AT_SECS: i64 = -60;
 
 fn uid(pod: &str) -> String {
     format!("uid-{pod}")
@@ -60,7 +67,7 @@ impl Fixture {
             pod: name.into(),
             pod_uid: uid(name),
             arrival: Arrival {
-                created_secs: 0,
+                created_secs: MADE_AT_SECS,
                 requested_micros: 0,
                 seen_seq: self.seq,
             },
@@ -107,6 +114,31 @@ impl Fixture {
 
     fn claim_mut(&mut self, name: &str) -> &mut ClaimView {
         self.claims.iter_mut().find(|c| c.name == name).expect("no such claim")
+    }
+
+    /// Claim `name` was created in the observer's current second.
+    pub fn just_made(mut self, name: &str) -> Self {
+        let now = self.now.as_second();
+        self.claim_mut(name).arrival.created_secs = now;
+        self
+    }
+
+    /// The observer's clock moves on by `secs`.
+    pub fn later(mut self, secs: i64) -> Self {
+        self.now = Timestamp::from_second(self.now.as_second() + secs).unwrap();
+        self
+    }
+
+    /// Pod `pod` appears in the observer's cache (it was created, or the cache caught up).
+    pub fn pod_seen(mut self, pod: &str) -> Self {
+        self.pods.insert(
+            pod.into(),
+            PodView {
+                uid: uid(pod),
+                finished: false,
+            },
+        );
+        self
     }
 
     pub fn released(mut self, name: &str) -> Self {
@@ -186,7 +218,7 @@ impl Fixture {
             pods: &self.pods,
             stopped_pods: &self.stopped,
             hold_back_elapsed: &self.elapsed,
-            now: Timestamp::UNIX_EPOCH,
+            now: self.now,
             token_floor: self.token_floor,
             closing: self.closing,
         })
@@ -241,6 +273,47 @@ fn new_claims_queue_in_arrival_order_behind_the_holder() {
     assert_eq!(d.holders(), ["a"]);
     assert_eq!(d.queue(), ["c", "b"], "arrival order, not name order");
     assert_eq!(d.status.queue_length, 2);
+}
+
+#[test]
+fn a_claim_whose_pod_is_not_seen_yet_keeps_its_place_for_the_grace() {
+    // b claimed before c, but b's pod is not in the observer's cache yet (just created).
+    let f = lock()
+        .held_by("a")
+        .claims("b")
+        .claims("c")
+        .just_made("b")
+        .just_made("c")
+        .pod_force_deleted("b");
+    let d = f.decide();
+    assert_eq!(d.queue(), Vec::<&str>::new(), "c is not queued ahead of b");
+    assert!(d.ignored.is_empty(), "nor is either refused yet: {:?}", d.ignored);
+    let grace = crate::protocol::timing::POD_CACHE_GRACE.as_secs() as i64;
+    assert_eq!(d.recheck_at, Some(Timestamp::from_second(grace).unwrap()));
+    // b's pod is seen within the grace: b first, then c.
+    let d = f.clone().later(grace - 1).pod_seen("b").decide();
+    assert_eq!(d.queue(), ["b", "c"]);
+    assert_eq!(d.recheck_at, None);
+    // Never seen: once the grace ends b is refused, and c goes ahead.
+    let d = f.clone().later(grace).decide();
+    assert_eq!(d.queue(), ["c"]);
+    assert_eq!(d.ignored, [("b".to_string(), IgnoreReason::PodNotFound)]);
+    // An old claim whose pod is not seen, or a pod known stopped, holds nobody back.
+    let d = lock()
+        .held_by("a")
+        .claims("b")
+        .claims("c")
+        .pod_force_deleted("b")
+        .decide();
+    assert_eq!(d.queue(), ["c"]);
+    let d = lock()
+        .held_by("a")
+        .claims("b")
+        .claims("c")
+        .just_made("b")
+        .pod_gone("b")
+        .decide();
+    assert_eq!(d.queue(), ["c"]);
 }
 
 #[test]

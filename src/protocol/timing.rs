@@ -89,6 +89,14 @@ pub fn notice_timeout(lease: Duration) -> Duration {
 /// before it answers that the notice was accepted but not yet written.
 pub const NOTICE_WAIT: Duration = Duration::from_millis(100);
 
+/// Controller side: how long a new claim whose pod the controller has not seen keeps
+/// its place in arrival order, counted from the claim's creation (the API server's
+/// second): younger claims are not queued ahead of it meanwhile, since a pod just
+/// created may not be in the controller's cache yet. Past it, the claim is refused
+/// (`PodNotFound`) and younger claims go ahead. The client waits as long before it
+/// gives up on such a refusal (`client::progress::UNQUEUED_NOTICE`).
+pub const POD_CACHE_GRACE: Duration = Duration::from_secs(5);
+
 /// Controller side: when an unrenewed claim expires, counted from when this controller
 /// *saw* its last renewal (or, for a holder, wrote its grant, whichever is later), by
 /// the longer of the lock's and the claim's own lease (its wait lease while it waits).

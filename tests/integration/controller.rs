@@ -310,6 +310,39 @@ async fn claims_made_within_one_second_keep_their_order_across_a_controller_star
 }
 
 #[tokio::test]
+async fn a_claim_made_before_the_controller_saw_its_pod_keeps_its_arrival_place() {
+    // The controller's pod watch lags (stalled here): a pod just created is not in its
+    // cache when the pod's claim arrives, and a younger claim of a pod it has seen
+    // arrives right after.
+    let ns = TestNs::new("podlag").await;
+    let dir = std::env::temp_dir().join(format!("leasehold-test-podlag-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
+    let pod_watches = leasehold::kubeconfig::client_for(&proxied).await.unwrap();
+    let client = split_client_where(ns.client.clone(), pod_watches, |path| path.ends_with("/pods"));
+    let _c = spawn_controller_with(client, leasehold::controller::Options::single("podlag", Some(&ns.name)));
+    ns.lock("l", spec(120, 1)).await;
+    ns.lock("other", spec(120, 1)).await;
+    let (a, c) = (ns.pod("a").await, ns.pod("c").await);
+    claim(&ns, "l", &a, 120).await;
+    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    proxy.freeze_open();
+    let b = ns.pod("b").await;
+    claim(&ns, "l", &b, 120).await;
+    claim(&ns, "l", &c, 120).await;
+    // The claim watch is not stalled: once a later claim (of another lock) is granted,
+    // the controller has seen both of l's.
+    claim(&ns, "other", &c, 120).await;
+    ns.wait_lock("other", "the later claim granted", |l| holders(l) == ["c"])
+        .await;
+    proxy.thaw();
+    let l = ns.wait_lock("l", "both claims queued", |l| queue(l).len() == 2).await;
+    assert_eq!(queue(&l), ["b", "c"], "b claimed first");
+    let refused = l.status.unwrap().refused;
+    assert!(refused.is_empty(), "b was refused for a pod not yet seen: {refused:?}");
+}
+
+#[tokio::test]
 async fn semaphore_with_max_holders_three() {
     let ns = TestNs::new("sema").await;
     let _c = spawn_controller(&ns, "sema");

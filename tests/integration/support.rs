@@ -471,12 +471,22 @@ pub async fn controller_with_proxied_watches(ns: &TestNs, name: &str) -> (Proxy,
 /// through `direct`: a test can then stall one controller's watches while its reads
 /// and writes go through.
 pub fn split_client(direct: Client, watches: Client) -> Client {
+    split_client_where(direct, watches, |_| true)
+}
+
+/// A client that sends the watch requests `divert` picks (given their path) through
+/// `diverted`, and every other request through `direct`.
+pub fn split_client_where(direct: Client, diverted: Client, divert: fn(&str) -> bool) -> Client {
     let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
         let is_watch = req
             .uri()
             .query()
             .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true"));
-        let client = if is_watch { watches.clone() } else { direct.clone() };
+        let client = if is_watch && divert(req.uri().path()) {
+            diverted.clone()
+        } else {
+            direct.clone()
+        };
         async move { client.send(req).await }
     });
     Client::new(service, "default")
