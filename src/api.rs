@@ -410,4 +410,8 @@ pub struct Waiter {
     /// lease its grant records), and checked by the client before it acts on its grant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_duration_seconds: Option<i32>,
+    /// The SHA-256 hash of the claim owner's wait proof, recorded when it was queued:
+    /// only the owner may wait for the claim's direct grant at the controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_hash: Option<String>,
 }

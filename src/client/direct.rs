@@ -23,12 +23,14 @@ struct Designation {
     lock_uid: String,
     claim: String,
     token: i64,
+    /// The owner's wait proof, shown to the controller with the wait.
+    proof: Option<String>,
 }
 
 impl Designation {
     /// The designation of `claim` in `lock`'s status, if it has one with everything a
     /// direct grant needs.
-    fn of(lock: &DistributedLock, claim: &str) -> Option<Self> {
+    fn of(lock: &DistributedLock, claim: &str, proof: Option<&str>) -> Option<Self> {
         let status = lock.status.as_ref()?;
         let successor = status.successor.as_ref().filter(|s| s.claim == claim)?;
         Some(Designation {
@@ -39,6 +41,7 @@ impl Designation {
             lock_uid: lock.metadata.uid.clone()?,
             claim: claim.into(),
             token: successor.fencing_token,
+            proof: proof.map(String::from),
         })
     }
 
@@ -59,6 +62,7 @@ impl Designation {
             namespace: self.namespace.clone(),
             lock: self.lock.clone(),
             claim: self.claim.clone(),
+            proof: self.proof.clone(),
         };
         loop {
             let sent = tokio::time::Instant::now();
@@ -116,8 +120,8 @@ pub(crate) struct DirectWait {
 impl DirectWait {
     /// The lock as last seen: wait for a direct grant while its status designates
     /// `claim` (once per designation, URL and key; again after a failure only when
-    /// the status changes).
-    pub fn follow(&mut self, lock: &DistributedLock, claim: &str) {
+    /// the status changes), showing the owner's wait `proof`.
+    pub fn follow(&mut self, lock: &DistributedLock, claim: &str, proof: Option<&str>) {
         // A grant already here stays: it was verified for this claim's reserved token,
         // and the lock counts a successor told of its grant as a holder.
         if let Some(rx) = self.granted.as_mut()
@@ -128,7 +132,7 @@ impl DirectWait {
         if self.arrived.is_some() {
             return;
         }
-        let next = Designation::of(lock, claim);
+        let next = Designation::of(lock, claim, proof);
         if let Some((current, task)) = &self.waiting
             && Some(current) == next.as_ref()
             && !task.is_finished()
@@ -247,7 +251,7 @@ mod tests {
     /// Whether following `lock` as claim c-1 yields a grant within a second.
     async fn granted(lock: &DistributedLock) -> Option<(i64, String)> {
         let mut wait = DirectWait::default();
-        wait.follow(lock, "c-1");
+        wait.follow(lock, "c-1", None);
         tokio::time::timeout(std::time::Duration::from_secs(1), wait.granted())
             .await
             .ok()
@@ -267,7 +271,7 @@ mod tests {
         let url = answering(reply(7, &key.sign(&grant(7)))).await;
         let lock = designating(&url, &key);
         let mut wait = DirectWait::default();
-        wait.follow(&lock, "c-1");
+        wait.follow(&lock, "c-1", None);
         let task = |w: &DirectWait| w.waiting.as_ref().is_none_or(|(_, t)| t.is_finished());
         tokio::time::timeout(std::time::Duration::from_secs(5), async {
             while !task(&wait) {
@@ -277,7 +281,7 @@ mod tests {
         .await
         .expect("the grant comes");
         // A status event is handled first (selected before the grant), still designating c-1.
-        wait.follow(&lock, "c-1");
+        wait.follow(&lock, "c-1", None);
         let got = tokio::time::timeout(std::time::Duration::from_secs(1), wait.granted()).await;
         assert_eq!(got.ok(), Some((7, url)), "the grant that came is taken");
     }

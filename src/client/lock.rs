@@ -455,7 +455,7 @@ impl Lock {
             if let Some(reason) = refused.filter(|r| r.is_final() || now() >= started + UNQUEUED_NOTICE) {
                 return Err(refusal(reason));
             }
-            direct.follow(&lock, claim);
+            direct.follow(&lock, claim, session.wait_proof().as_deref());
             progress.lock_seen(&status, now());
         }
     }

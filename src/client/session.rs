@@ -311,6 +311,16 @@ impl Session {
         }
     }
 
+    /// What the owner shows when it waits for a direct grant (`None` on etcd, which
+    /// has no direct grants).
+    pub fn wait_proof(&self) -> Option<String> {
+        match &self.release {
+            Release::Kube { secret, .. } => Some(secret.wait_proof()),
+            #[cfg(feature = "etcd")]
+            Release::Etcd(_) => None,
+        }
+    }
+
     /// Stop renewing and give the claim up: a holder tells the controller first (when
     /// its lock published where), and is done if the controller answers that the
     /// release is written; otherwise the claim is marked released (one write, bounded by

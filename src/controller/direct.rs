@@ -4,7 +4,9 @@
 //! Only the leader tells anyone anything: a standby (or a replica between terms)
 //! refuses, and stepping down answers every waiting successor with a refusal, so a
 //! successor never waits on a replica that will not grant. A wait is answered after
-//! [`WAIT_LIMIT`] at the latest, so an abandoned one is not kept for ever.
+//! [`WAIT_LIMIT`] at the latest, so an abandoned one is not kept for ever. Only the
+//! designated claim's owner may wait (checked by [`super::notices::Notices::may_wait`]
+//! before a wait is taken), so nobody else can hold its waits or fill this replica's.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -39,6 +41,10 @@ pub enum Told {
     /// Too many waits are open (for this claim, or on this replica): wait for the
     /// lock's status.
     Busy,
+    /// The lock's status does not designate the claim, or the wait does not show the
+    /// proof whose hash the claim's queue entry records: only the designated claim's
+    /// owner may wait (its claim name is public; its proof is not).
+    NotYours,
 }
 
 /// Waits by (namespace, lock, claim).
@@ -161,6 +167,7 @@ mod tests {
             namespace: "ns".into(),
             lock: "l".into(),
             claim: claim.into(),
+            proof: None,
         }
     }
 

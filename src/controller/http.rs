@@ -58,8 +58,14 @@ fn router(metrics: Arc<Metrics>, notices: Arc<Notices>) -> Router {
             Ok(w) => w,
             Err(e) => return (StatusCode::BAD_REQUEST, None, format!("not a wait for a grant: {e}\n")),
         };
-        let _counted = Counted::new(waiting);
-        match notices.successors.wait(&w).await {
+        let told = match notices.may_wait(&w).await {
+            Ok(()) => {
+                let _counted = Counted::new(waiting);
+                notices.successors.wait(&w).await
+            }
+            Err(refused) => refused,
+        };
+        match told {
             Told::Granted(token, signature) => (
                 StatusCode::OK,
                 Some([(TOKEN_HEADER, token.to_string()), (SIGNATURE_HEADER, signature)]),
@@ -75,6 +81,12 @@ fn router(metrics: Arc<Metrics>, notices: Arc<Notices>) -> Router {
                 StatusCode::TOO_MANY_REQUESTS,
                 None,
                 "too many waits for grants are open: wait for the lock's status\n".to_string(),
+            ),
+            Told::NotYours => (
+                StatusCode::FORBIDDEN,
+                None,
+                "the lock's status designates no such claim, or the wait's proof does not open its wait hash\n"
+                    .to_string(),
             ),
         }
     });

@@ -21,18 +21,24 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::watch;
 
+use super::direct::Told;
 use super::prompt::Prompter;
 use super::written::Written;
 use crate::api::DistributedLock;
 use crate::protocol::RELEASED_ANNOTATION;
+use crate::protocol::grant::WaitFor;
 use crate::protocol::grant::WrittenRelease;
 use crate::protocol::notice::{ACCEPTED, Notice, WRITTEN};
-use crate::protocol::release::notice_proves;
+use crate::protocol::release::{notice_proves, opens};
 use crate::protocol::timing::NOTICE_WAIT;
 
 /// How long a notice is remembered at most when its claim's deletion is never seen
 /// (a deletion the API server refuses); the claim's lock decided on it long before.
 pub const NOTICE_MEMORY: Duration = Duration::from_secs(600);
+
+/// How long a wait for a claim not (yet) designated in this replica's freshest status
+/// is held for a status write that designates it.
+pub const DESIGNATION_WAIT: Duration = Duration::from_secs(1);
 
 /// What the controller answers a notice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,6 +223,44 @@ impl Notices {
         }
     }
 
+    /// Whether `w` may wait for a direct grant here: this replica leads, the freshest
+    /// status it knows designates the claim as its lock's successor, and the wait shows
+    /// the proof whose hash the claim's queue entry records (a claim recorded without
+    /// one, from an older client, may be waited for without a proof). A claim not
+    /// designated yet is looked at again after each status write, up to
+    /// [`DESIGNATION_WAIT`] (the successor may ask as soon as it sees the write, before
+    /// this replica has taken note of it).
+    pub async fn may_wait(&self, w: &WaitFor) -> Result<(), Told> {
+        let lock = ObjectRef::<DistributedLock>::new(&w.lock).within(&w.namespace);
+        let (locks, written) = {
+            let leader = self.leader.lock().expect("notices lock poisoned");
+            let Some(l) = leader.as_ref() else {
+                return Err(Told::NotLeader);
+            };
+            (l.locks.clone(), l.written.clone())
+        };
+        let mut writes = self.writes.subscribe();
+        let deadline = tokio::time::Instant::now() + DESIGNATION_WAIT;
+        loop {
+            let status = locks
+                .get(&lock)
+                .map(|cached| written.peek(&cached))
+                .and_then(|l| l.status)
+                .unwrap_or_default();
+            let designated = status.successor.as_ref().is_some_and(|s| s.claim == w.claim);
+            let entry = status.queue.iter().find(|q| q.claim == w.claim).filter(|_| designated);
+            match entry.map(|q| q.wait_hash.as_deref()) {
+                Some(None) => return Ok(()),
+                Some(Some(hash)) if w.proof.as_deref().is_some_and(|p| opens(hash, p)) => return Ok(()),
+                Some(Some(_)) => return Err(Told::NotYours),
+                None => {}
+            }
+            if !matches!(tokio::time::timeout_at(deadline, writes.changed()).await, Ok(Ok(()))) {
+                return Err(Told::NotYours);
+            }
+        }
+    }
+
     /// Remember a valid notice (forgetting any older than [`NOTICE_MEMORY`]).
     fn remember(&self, notice: &Notice, now: Instant) {
         let mut taken = self.taken.lock().expect("notices lock poisoned");
@@ -365,6 +409,73 @@ mod tests {
         assert_eq!(notices.take(&other_lock).await, Answer::NotHeld);
         assert_eq!(notices.noticed("ns", "c-1"), None, "nothing remembered");
         assert!(prompts.try_recv().is_err(), "no reconcile prompted");
+    }
+
+    /// Lock `l` held by `c-1`, with `c-2` queued and designated as its successor,
+    /// recorded with `wait_hash`.
+    fn lock_designating(wait_hash: Option<String>) -> DistributedLock {
+        let mut lock = lock_held_by("c-1", None);
+        let status = lock.status.as_mut().unwrap();
+        status.queue = vec![
+            serde_json::from_value(serde_json::json!({
+                "claim": "c-2", "pod": "q", "podUID": "v", "requestedAt": "2026-01-01T00:00:00Z",
+                "waitHash": wait_hash,
+            }))
+            .unwrap(),
+        ];
+        status.successor =
+            Some(serde_json::from_value(serde_json::json!({"claim": "c-2", "fencingToken": 8})).unwrap());
+        lock
+    }
+
+    fn wait_for(claim: &str, proof: Option<String>) -> WaitFor {
+        WaitFor {
+            namespace: "ns".into(),
+            lock: "l".into(),
+            claim: claim.into(),
+            proof,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_designated_claims_owner_may_wait_for_its_grant() {
+        let secret = Secret::generate();
+        let notices = leading(lock_designating(Some(secret.wait_hash()))).notices;
+        let owner = wait_for("c-2", Some(secret.wait_proof()));
+        assert_eq!(notices.may_wait(&owner).await, Ok(()));
+        // Its claim name is public; its proof is not.
+        assert_eq!(notices.may_wait(&wait_for("c-2", None)).await, Err(Told::NotYours));
+        let guessed = wait_for("c-2", Some(Secret::generate().wait_proof()));
+        assert_eq!(notices.may_wait(&guessed).await, Err(Told::NotYours));
+        let hash_shown = wait_for("c-2", Some(secret.wait_hash()));
+        assert_eq!(notices.may_wait(&hash_shown).await, Err(Told::NotYours));
+        // A claim not designated (the holder's, or unknown) is refused once no status
+        // write designates it within the wait.
+        let started = tokio::time::Instant::now();
+        assert_eq!(notices.may_wait(&wait_for("c-1", None)).await, Err(Told::NotYours));
+        assert_eq!(started.elapsed(), DESIGNATION_WAIT);
+        // A claim recorded without a wait hash (an older client's) may be waited for.
+        let notices = leading(lock_designating(None)).notices;
+        assert_eq!(notices.may_wait(&wait_for("c-2", None)).await, Ok(()));
+        // A standby takes no wait.
+        notices.step_down();
+        assert_eq!(notices.may_wait(&owner).await, Err(Told::NotLeader));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_that_came_before_the_designation_was_noted_is_taken_once_it_is() {
+        let secret = Secret::generate();
+        let cached = lock_held_by("c-1", None);
+        let led = leading(cached.clone());
+        let n = led.notices.clone();
+        let owner = wait_for("c-2", Some(secret.wait_proof()));
+        let waiting = tokio::spawn(async move { n.may_wait(&owner).await });
+        tokio::task::yield_now().await;
+        let mut designating = lock_designating(Some(secret.wait_hash()));
+        designating.metadata.resource_version = Some("2".into());
+        led.written.record(Some("1".into()), designating);
+        led.notices.wrote();
+        assert_eq!(waiting.await.unwrap(), Ok(()));
     }
 
     #[tokio::test(start_paused = true)]

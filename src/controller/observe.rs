@@ -322,6 +322,7 @@ pub fn claim_view(
         released: mark == Mark::Valid,
         forged: mark == Mark::Forged,
         release_hash: recorded,
+        wait_hash: lease.annotations().get(crate::protocol::WAIT_HASH_ANNOTATION).cloned(),
         stamped_token: claim::stamped_token(lease),
         expired,
         lease_seconds: claim::claim_lease_seconds(lease),

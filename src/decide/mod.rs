@@ -472,6 +472,7 @@ fn decide_queue<'w>(
             requested_at: Time(world.now),
             release_hash: c.release_hash.clone(),
             lease_duration_seconds: Some(c.lease_seconds).filter(|l| *l > 0),
+            wait_hash: c.wait_hash.clone(),
         });
         d.actions
             .push(Action::new(&c.name, &c.pod, ActionKind::Enqueued(queue.len())));

@@ -40,6 +40,8 @@ pub struct ClaimView {
     pub forged: bool,
     /// The hash of the claim's release secret, to record when it is queued.
     pub release_hash: Option<String>,
+    /// The hash of the claim owner's wait proof, to record when it is queued.
+    pub wait_hash: Option<String>,
     /// The fencing token an earlier build of the controller stamped on the claim (when
     /// the lock it held was deleted, or at its grant): a claim not in status with a stamp
     /// below the epoch was granted by an earlier incarnation.

@@ -201,6 +201,7 @@ impl Model {
                     released: false,
                     forged: false,
                     release_hash: None,
+                    wait_hash: None,
                     stamped_token: None,
                     expired: false,
                     lease_seconds: 15,

@@ -74,6 +74,7 @@ impl Fixture {
             released: false,
             forged: false,
             release_hash: None,
+            wait_hash: None,
             stamped_token: None,
             expired: false,
             lease_seconds: 15,
@@ -108,6 +109,7 @@ impl Fixture {
             requested_at: Time(Timestamp::UNIX_EPOCH),
             release_hash: None,
             lease_duration_seconds: Some(15),
+            wait_hash: None,
         });
         self
     }

@@ -179,6 +179,7 @@ pub fn mirror(
                 requested_at: before.map_or(Time(now), |w| w.requested_at.clone()),
                 release_hash: None,
                 lease_duration_seconds: Some(value.lease_seconds),
+                wait_hash: None,
             });
         }
     }

@@ -12,7 +12,7 @@ use super::release::Secret;
 use super::timing::{MAX_LEASE_SECONDS, wait_lease};
 use super::{
     FENCING_TOKEN_ANNOTATION, LOCK_LABEL, POD_UID_ANNOTATION, RELEASE_HASH_ANNOTATION, RELEASED_ANNOTATION,
-    RELEASED_LABEL, REQUESTED_AT_ANNOTATION, WAIT_LEASE_ANNOTATION,
+    RELEASED_LABEL, REQUESTED_AT_ANNOTATION, WAIT_HASH_ANNOTATION, WAIT_LEASE_ANNOTATION,
 };
 
 /// The identity of the process making a claim: its pod.
@@ -58,6 +58,7 @@ pub fn claim_lease_with(
     ]);
     if let Some(secret) = secret {
         annotations.insert(RELEASE_HASH_ANNOTATION.into(), secret.hash());
+        annotations.insert(WAIT_HASH_ANNOTATION.into(), secret.wait_hash());
     }
     Lease {
         metadata: ObjectMeta {

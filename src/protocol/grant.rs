@@ -51,6 +51,11 @@ pub struct WaitFor {
     pub lock: String,
     /// The designated claim Lease's name.
     pub claim: String,
+    /// The claim owner's wait proof ([`crate::protocol::release::Secret::wait_proof`]);
+    /// the controller takes the wait only if it opens the wait hash recorded for the
+    /// claim. (`None` from an older client, whose claim has no wait hash.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof: Option<String>,
 }
 
 /// One direct grant, as signed.

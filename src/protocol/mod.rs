@@ -92,6 +92,10 @@ pub const RELEASED_ANNOTATION: &str = "leasehold.dev/released";
 pub const RELEASED_LABEL: &str = "leasehold.dev/released";
 /// Annotation a client sets on its claim at creation: the SHA-256 of its release secret.
 pub const RELEASE_HASH_ANNOTATION: &str = "leasehold.dev/release-hash";
+/// Annotation a client sets on its claim at creation: the SHA-256 of its wait proof
+/// ([`release::Secret::wait_proof`]), which it shows when it waits for a direct grant
+/// (see [`grant`]), so that nobody else can hold its waits at the controller.
+pub const WAIT_HASH_ANNOTATION: &str = "leasehold.dev/wait-hash";
 /// Annotation a client sets on its claim at creation: when it asked (RFC 3339, with
 /// microseconds). It is used only to order claims created within
 /// the same second of the API server's clock.

@@ -161,6 +161,7 @@ mod tests {
                 requested_at: Time(Timestamp::UNIX_EPOCH),
                 release_hash: Some("h".into()),
                 lease_duration_seconds: lease,
+                wait_hash: None,
             }],
             ..Default::default()
         }

@@ -41,6 +41,17 @@ impl Secret {
     pub fn hash(&self) -> String {
         hash_of(&self.0)
     }
+
+    /// What the owner shows when it waits for a direct grant: derived from the secret
+    /// one way, so showing it reveals nothing of the secret itself.
+    pub fn wait_proof(&self) -> String {
+        hash_of(&format!("leasehold-wait:{}", self.0))
+    }
+
+    /// The hash of [`Secret::wait_proof`], written on the claim at creation.
+    pub fn wait_hash(&self) -> String {
+        hash_of(&self.wait_proof())
+    }
 }
 
 /// The SHA-256 hash of a release mark, hex-encoded.

@@ -260,6 +260,46 @@ async fn a_release_url_whose_packets_are_dropped_costs_a_waiting_run_s_release_n
     );
 }
 
+#[tokio::test]
+async fn only_the_designated_claims_owner_may_wait_for_its_direct_grant() {
+    // A neighbour reads the designated successor's claim name in the lock's status and
+    // asks the controller for its grant: it must neither learn the grant nor take the
+    // successor's waits (two per claim), which would leave the successor the slow path.
+    let ns = TestNs::new("waitowner").await;
+    let (addr, _c) = controller_taking_notices(&ns, "waitowner").await;
+    ns.lock("l", spec(15)).await;
+    let first = lock_for(&ns, ns.pod("a").await).acquire().await.unwrap();
+    let lock_b = lock_for(&ns, ns.pod("b").await);
+    let waiter_b = tokio::spawn(async move { lock_b.acquire().await });
+    let designated = ns.wait_lock("l", "b designated", |l| successor(l).is_some()).await;
+    let (claim_b, _) = successor(&designated).unwrap();
+    let body = serde_json::json!({"namespace": ns.name, "lock": "l", "claim": claim_b}).to_string();
+    for _ in 0..2 {
+        let (code, text) = tokio::time::timeout(DEADLINE, http(addr, "POST", "/v1/grant", &body))
+            .await
+            .expect("a wait without its owner's proof is answered at once, not held");
+        assert_eq!(code, 403, "{text}");
+    }
+    // b's own wait is held; a's release grants b directly.
+    wait_for("b waiting at the controller", DEADLINE, || async {
+        let (_, metrics) = http(addr, "GET", "/metrics", "").await;
+        metrics.contains("leasehold_successors_waiting 1").then_some(())
+    })
+    .await;
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(DEADLINE, waiter_b)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let (_, metrics) = http(addr, "GET", "/metrics", "").await;
+    assert!(
+        metrics.contains("\nleasehold_direct_grants_total 1\n"),
+        "b was told of its grant directly:\n{metrics}"
+    );
+    second.release().await.unwrap();
+}
+
 /// The lock's designated successor: its claim and reserved token.
 fn successor(lock: &leasehold::api::DistributedLock) -> Option<(String, i64)> {
     let s = lock.status.as_ref()?.successor.as_ref()?;
