@@ -62,6 +62,7 @@ log "helm template | kubernetes-validate --strict (default values, all options o
 tpl() { local out=$1; shift; "$HELM" template leasehold charts/leasehold -n leasehold-system "$@" > "$rendered/$out"; }
 tpl default.yaml
 tpl all.yaml --set 'clientRbac.namespaces={team-a,team-b}' --set metrics.serviceMonitor.enabled=true --set replicaCount=3 \
+  --set networkPolicy.enabled=true --set 'networkPolicy.metricsFrom[0].podSelector.matchLabels.app=prometheus' \
   --set serviceAccount.annotations.example\\.com/role=leasehold --set podLabels.team=a --set-string podAnnotations.example\\.com/scrape=true
 cat > "$rendered/namespaced.values" <<'YAML'
 watchNamespace: team-a
@@ -81,6 +82,7 @@ replicaCount: 1
 affinity: { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { nodeSelectorTerms: [{ matchExpressions: [{ key: kubernetes.io/os, operator: In, values: [linux] }] }] } } }
 YAML
 tpl minimal.yaml -f "$rendered/minimal.values"
+tpl closed.yaml --set networkPolicy.enabled=true
 mkdir "$rendered/old" && tpl old/v1.20.yaml --kube-version 1.20.2
 ! "$HELM" template leasehold charts/leasehold --kube-version 1.19.16 >/dev/null 2>&1 || fail "the chart renders for Kubernetes 1.19"
 
@@ -91,6 +93,13 @@ has "$d" 'podAntiAffinity:' || fail "no pod anti-affinity by default"
 has "$(doc "$rendered/default.yaml" ClusterRole leasehold)" 'resources: ["pods"]' || fail "the default ClusterRole does not cover pods"
 has "$(doc "$rendered/default.yaml" ClusterRole leasehold-view)" 'aggregate-to-view: "true"' || fail "no aggregated view ClusterRole"
 has "$(doc "$rendered/old/v1.20.yaml" PodDisruptionBudget leasehold)" 'apiVersion: policy/v1beta1' || fail "Kubernetes 1.20 gets no policy/v1beta1 PodDisruptionBudget"
+has "$d" '- --probe-addr=0.0.0.0:8080' || fail "the probes are not served apart from the notices"
+has "$d" '- --http-addr=0.0.0.0:8081' || fail "the notices are not on releaseNotices.port"
+! has "$d" 'kind: NetworkPolicy' || fail "a NetworkPolicy by default"
+np=$(doc "$rendered/all.yaml" NetworkPolicy leasehold)
+has "$np" 'kubernetes.io/metadata.name: team-b' || fail "the NetworkPolicy does not admit the client namespaces"
+has "$np" 'app: prometheus' || fail "networkPolicy.metricsFrom is not used"
+has "$(doc "$rendered/closed.yaml" NetworkPolicy leasehold)" 'ingress: []' || fail "a NetworkPolicy without peers must admit nobody (an empty from admits everyone)"
 n=$(cat "$rendered/namespaced.yaml")
 has "$(doc "$rendered/namespaced.yaml" Role leasehold)" 'namespace: team-a' || fail "watchNamespace renders no Role in it"
 has "$(doc "$rendered/namespaced.yaml" RoleBinding leasehold)" 'name: leasehold-controller' || fail "watchNamespace's RoleBinding misses the ServiceAccount"

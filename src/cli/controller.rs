@@ -7,9 +7,15 @@ use super::ClusterArgs;
 /// Options of `leasehold controller`.
 #[derive(clap::Args, Debug)]
 pub struct ControllerArgs {
-    /// Address for /metrics, /healthz, /readyz and release notices.
+    /// Address for release notices and direct grants (what clients reach), and for
+    /// /metrics, /healthz and /readyz unless --probe-addr is given.
     #[arg(long, env = "LEASEHOLD_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
+    /// Address for /metrics, /healthz and /readyz apart from --http-addr, so that
+    /// nothing clients send there can starve the kubelet's probes (the Helm chart sets
+    /// it).
+    #[arg(long, env = "LEASEHOLD_PROBE_ADDR")]
+    pub probe_addr: Option<SocketAddr>,
     /// The address (usually the pod IP, from the downward API) at which clients reach
     /// --http-addr's port. The controller publishes `http://ADDRESS:PORT` in the status
     /// it writes, and holders send it their release notices there, which makes a
@@ -42,6 +48,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         leader_election_namespace: args.leader_election_namespace,
         identity,
         http_addr: Some(args.http_addr),
+        probe_addr: args.probe_addr,
         namespace: args.namespace,
         release_url: args
             .advertise_address

@@ -1,6 +1,10 @@
 //! The controller's HTTP endpoints: /metrics (OpenMetrics text), /healthz, /readyz, the
 //! release notices ([`crate::protocol::notice`], POST [`NOTICE_PATH`]) and the waits of
 //! designated successors ([`crate::protocol::grant`], POST [`GRANT_PATH`]).
+//!
+//! The endpoints clients use are served on a listener whose connections are bounded
+//! ([`super::listener`]); the probes and metrics may be served on an address of their
+//! own, so that nothing clients send can starve the kubelet's probes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,15 +24,39 @@ use crate::protocol::notice::{
     MAX_NOTICE_BYTES, NOTICE_PATH, Notice, WRITTEN_HEADER, WRITTEN_SIGNATURE_HEADER, WRITTEN_VALUE,
 };
 
-/// Serve the endpoints on `addr` until the task is dropped.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, notices: Arc<Notices>) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /metrics, /healthz, /readyz and release notices");
-    axum::serve(listener, router(metrics, notices)).await
+/// Serve the client endpoints on `addr` until the task is dropped, with the probes and
+/// metrics too unless they have an address of their own (`probes_apart`).
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    notices: Arc<Notices>,
+    probes_apart: bool,
+) -> std::io::Result<()> {
+    let listener = super::listener::Bounded::new(tokio::net::TcpListener::bind(addr).await?);
+    let routes = if probes_apart {
+        tracing::info!(%addr, "serving release notices and direct grants");
+        client_router(metrics, notices)
+    } else {
+        tracing::info!(%addr, "serving /metrics, /healthz, /readyz, release notices and direct grants");
+        router(metrics, notices)
+    };
+    axum::serve(listener, routes).await
 }
 
-/// The endpoints' routes.
+/// Serve /metrics, /healthz and /readyz on `addr` until the task is dropped.
+pub async fn serve_probes(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    axum::serve(listener, probe_router(metrics)).await
+}
+
+/// All the endpoints' routes.
 fn router(metrics: Arc<Metrics>, notices: Arc<Notices>) -> Router {
+    probe_router(metrics.clone()).merge(client_router(metrics, notices))
+}
+
+/// The routes clients use: release notices and direct grants.
+fn client_router(metrics: Arc<Metrics>, notices: Arc<Notices>) -> Router {
     let m = metrics.clone();
     let take = post(move |State(notices): State<Arc<Notices>>, body: Bytes| async move {
         let (answer, signature) = match serde_json::from_slice::<Notice>(&body) {
@@ -90,11 +118,15 @@ fn router(metrics: Arc<Metrics>, notices: Arc<Notices>) -> Router {
             ),
         }
     });
-    let notices = Router::new()
+    Router::new()
         .route(NOTICE_PATH, take)
         .route(GRANT_PATH, wait)
         .layer(DefaultBodyLimit::max(MAX_NOTICE_BYTES.max(MAX_WAIT_BYTES)))
-        .with_state(notices);
+        .with_state(notices)
+}
+
+/// The routes of the probes and metrics.
+fn probe_router(metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route(
             "/metrics",
@@ -112,7 +144,6 @@ fn router(metrics: Arc<Metrics>, notices: Arc<Notices>) -> Router {
             }),
         )
         .with_state(metrics)
-        .merge(notices)
 }
 
 /// Counts one in a gauge while it lives (a wait is dropped when its client goes).
@@ -137,6 +168,26 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
+
+    #[tokio::test]
+    async fn probes_apart_the_client_routes_serve_no_probe_and_the_probe_routes_no_notice() {
+        let get = |path: &str| http::Request::get(path).body(axum::body::Body::empty()).unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let clients = client_router(metrics.clone(), Arc::default());
+        for path in ["/healthz", "/readyz", "/metrics"] {
+            let response = clients.clone().oneshot(get(path)).await.unwrap();
+            assert_eq!(response.status(), StatusCode::NOT_FOUND, "{path}");
+        }
+        let probes = probe_router(metrics);
+        assert_eq!(
+            probes.clone().oneshot(get("/healthz")).await.unwrap().status(),
+            StatusCode::OK
+        );
+        let notice = http::Request::post(NOTICE_PATH)
+            .body(axum::body::Body::from("{}"))
+            .unwrap();
+        assert_eq!(probes.oneshot(notice).await.unwrap().status(), StatusCode::NOT_FOUND);
+    }
 
     #[tokio::test]
     async fn metrics_are_served_as_openmetrics_text() {

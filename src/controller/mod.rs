@@ -16,6 +16,7 @@ pub mod direct;
 pub mod etcd;
 pub mod finalizer;
 mod http;
+mod listener;
 pub mod metrics;
 pub mod notices;
 pub mod observe;
@@ -56,8 +57,13 @@ pub struct Options {
     pub leader_election_namespace: Option<String>,
     /// This replica's identity (the pod name in a cluster).
     pub identity: String,
-    /// Where to serve /metrics, /healthz and /readyz; `None` serves nothing.
+    /// Where to serve release notices and direct grants, and /metrics, /healthz and
+    /// /readyz unless `probe_addr` is given; `None` serves nothing.
     pub http_addr: Option<SocketAddr>,
+    /// Where to serve /metrics, /healthz and /readyz apart from the endpoints clients
+    /// use (so that nothing clients send can starve the probes); `None` serves them on
+    /// `http_addr`.
+    pub probe_addr: Option<SocketAddr>,
     /// Watch only this namespace; `None` watches all.
     pub namespace: Option<String>,
     /// The URL (`http://host:port`) at which clients reach `http_addr`, published in
@@ -81,6 +87,7 @@ impl Options {
             leader_election_namespace: None,
             identity: identity.into(),
             http_addr: None,
+            probe_addr: None,
             namespace: namespace.map(String::from),
             release_url: None,
             notice_wait: crate::protocol::timing::NOTICE_WAIT,
@@ -142,11 +149,20 @@ impl Drop for Helper {
 pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), ControllerError> {
     let metrics = Arc::new(Metrics::default());
     let notices = Arc::new(notices::Notices::new(opts.notice_wait));
+    let probes_apart = opts.probe_addr.is_some();
     let _http = opts.http_addr.map(|addr| {
         let (m, n) = (metrics.clone(), notices.clone());
         Helper::spawn(async move {
-            if let Err(e) = http::serve(addr, m, n).await {
-                tracing::error!(%addr, error = %e, "serving HTTP failed: no /metrics, /healthz, /readyz or release notices");
+            if let Err(e) = http::serve(addr, m, n, probes_apart).await {
+                tracing::error!(%addr, error = %e, "serving HTTP failed: no release notices or direct grants");
+            }
+        })
+    });
+    let _probes = opts.probe_addr.map(|addr| {
+        let m = metrics.clone();
+        Helper::spawn(async move {
+            if let Err(e) = http::serve_probes(addr, m).await {
+                tracing::error!(%addr, error = %e, "serving HTTP failed: no /metrics, /healthz or /readyz");
             }
         })
     });

@@ -64,6 +64,7 @@ async fn chart_installs_and_its_rbac_is_enough_and_no_more() {
         leader_election_namespace: Some(system.name.clone()),
         identity: "chart-test".into(),
         http_addr: None,
+        probe_addr: None,
         namespace: Some(app.name.clone()),
         release_url: None,
         notice_wait: leasehold::protocol::timing::NOTICE_WAIT,

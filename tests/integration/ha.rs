@@ -15,6 +15,7 @@ fn elected(ns: &TestNs, identity: &str, http: Option<u16>) -> Options {
         leader_election_namespace: Some(ns.name.clone()),
         identity: identity.into(),
         http_addr: http.map(|p| ([127, 0, 0, 1], p).into()),
+        probe_addr: None,
         namespace: Some(ns.name.clone()),
         // Holders send release notices to whichever replica wrote their grant.
         release_url: http.map(|p| leasehold::controller::release_url("127.0.0.1", p)),
