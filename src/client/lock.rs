@@ -402,17 +402,28 @@ impl Lock {
                     _ => TRY_ACQUIRE_TIMEOUT,
                 })),
                 _ = at(progress.notice_at()) => {
+                    // Unplaced (or refused) this long: read the claim. Changed since this
+                    // process made it: someone else's doing (the controller refuses or
+                    // ignores it for that), so claim anew. Gone: a claim naming no existing
+                    // pod is soon garbage-collected, maybe before its refusal was listed.
+                    match session.stored().await {
+                        Some(Some(stored)) => {
+                            if let Some(field) = record::claim_differs(&stored, &wrote, &self.name) {
+                                direct.stop();
+                                return Ok(Outcome::Tampered(field));
+                            }
+                        }
+                        Some(None) if refused.is_none() => {
+                            return Err(Error::ClaimCollected {
+                                claim: claim.to_string(),
+                                pod: self.identity.name.clone(),
+                                uid: self.identity.uid.clone(),
+                            });
+                        }
+                        _ => {}
+                    }
                     if let Some(reason) = refused {
                         return Err(refusal(reason)); // still refused: no passing state
-                    }
-                    // Unplaced this long: a claim naming no existing pod is soon
-                    // garbage-collected, maybe before the controller listed its refusal.
-                    if session.claim_stands().await == Some(false) {
-                        return Err(Error::ClaimCollected {
-                            claim: claim.to_string(),
-                            pod: self.identity.name.clone(),
-                            uid: self.identity.uid.clone(),
-                        });
                     }
                     progress.notice_due(now());
                     continue;
@@ -453,12 +464,28 @@ impl Lock {
             was_placed |= placed;
             refused = if placed { None } else { listed.or(refused) };
             if let Some(reason) = refused.filter(|r| r.is_final() || now() >= started + UNQUEUED_NOTICE) {
+                // Refused for its pod: the claim may name another pod than this
+                // process wrote (changed by someone who may patch Leases before the
+                // controller saw it). Then it is not this process that is refused:
+                // withdraw and claim anew, as for any tampered claim.
+                if !reason.is_final()
+                    && let Some(field) = changed(session, &wrote, &self.name).await
+                {
+                    direct.stop();
+                    return Ok(Outcome::Tampered(field));
+                }
                 return Err(refusal(reason));
             }
             direct.follow(&lock, claim, session.wait_proof().as_deref());
             progress.lock_seen(&status, now());
         }
     }
+}
+
+/// Whether the claim as stored now names otherwise than this process `wrote` it for
+/// `lock` (`None` also when it cannot be read).
+async fn changed(session: &Session, wrote: &Written<'_>, lock: &str) -> Option<Tampered> {
+    record::claim_differs(&session.stored().await??, wrote, lock)
 }
 
 /// Withdraw a claim that was not granted (or not waited for): stop renewing and mark it

@@ -96,9 +96,16 @@ pub(crate) enum Release {
         uid: Option<String>,
         notice_target: std::sync::Mutex<Option<super::notice::NoticeTarget>>,
     },
-    /// Revoke the claim's etcd lease.
-    #[cfg(feature = "etcd")]
-    Etcd(crate::etcd::claim::EtcdRelease),
+    /// Give the claim up through the backend that keeps it (the etcd backend: revoke
+    /// its lease).
+    Backend(Box<dyn Releaser>),
+}
+
+/// How a backend other than Kubernetes gives a claim up: the seam a backend plugs its
+/// release into, so that the session names no backend.
+pub(crate) trait Releaser: Send + Sync + std::fmt::Debug {
+    /// Give the claim up; a claim already gone counts as released.
+    fn release(&self) -> futures::future::BoxFuture<'_, Result<(), Error>>;
 }
 
 /// The outcome of one renewal attempt.
@@ -268,30 +275,23 @@ impl Session {
     pub fn release_hash(&self) -> Option<String> {
         match &self.release {
             Release::Kube { secret, .. } => Some(secret.hash()),
-            #[cfg(feature = "etcd")]
-            Release::Etcd(_) => None,
+            Release::Backend(_) => None,
         }
     }
 
-    /// Whether the claim is still there, asking for its lock (a PATCH that changes
-    /// nothing, as the client Role may not read Leases): `None` when that cannot be
-    /// told now, or for a backend without claim Leases.
-    pub async fn claim_stands(&self) -> Option<bool> {
-        let Release::Kube {
-            leases,
-            lock: (_, lock),
-            uid,
-            ..
-        } = &self.release
-        else {
+    /// The claim as the API server has it now, read with a PATCH that changes nothing
+    /// (the client Role may not GET): `Some(None)` when it is gone (deleted, or being
+    /// deleted), `None` when it cannot be read (or the claim is not a Lease).
+    pub async fn stored(&self) -> Option<Option<Lease>> {
+        let Release::Kube { leases, uid, .. } = &self.release else {
             return None;
         };
         let probe = Patch::Merge(serde_json::json!({ "metadata": { "uid": uid } }));
         let params = PatchParams::default();
         let answer = leases.patch(&self.claim, &params, &probe);
         match tokio::time::timeout(renew_timeout(self.lease), answer).await {
-            Ok(Ok(l)) => Some(claim::claim_lock(&l) == Some(lock.as_str()) && l.metadata.deletion_timestamp.is_none()),
-            Ok(Err(kube::Error::Api(s))) if s.is_not_found() || s.is_conflict() || s.code == 422 => Some(false),
+            Ok(Ok(l)) => Some(Some(l).filter(|l| l.metadata.deletion_timestamp.is_none())),
+            Ok(Err(kube::Error::Api(s))) if s.is_not_found() || s.is_conflict() || s.code == 422 => Some(None),
             _ => None,
         }
     }
@@ -316,8 +316,7 @@ impl Session {
     pub fn wait_proof(&self) -> Option<String> {
         match &self.release {
             Release::Kube { secret, .. } => Some(secret.wait_proof()),
-            #[cfg(feature = "etcd")]
-            Release::Etcd(_) => None,
+            Release::Backend(_) => None,
         }
     }
 
@@ -368,8 +367,7 @@ impl Session {
                     lock: (_, lock),
                     ..
                 } => mark_released(leases, (&self.claim, lock), secret).await,
-                #[cfg(feature = "etcd")]
-                Release::Etcd(r) => r.release().await.map_err(Error::from),
+                Release::Backend(r) => r.release().await,
             }
         };
         tokio::time::timeout(limit, released)

@@ -16,7 +16,7 @@ use super::Error;
 use super::keys::{ClaimValue, claim_key, lock_prefix};
 use super::rules::{WakeOn, holds, wake_on};
 use crate::api::EtcdBackend;
-use crate::client::session::{Cadence, Release, Renewal, Renewer, Session};
+use crate::client::session::{Cadence, Release, Releaser, Renewal, Renewer, Session};
 use crate::client::{LostReason, State};
 use crate::protocol::PodIdentity;
 use crate::protocol::claim::claim_name;
@@ -64,9 +64,15 @@ impl std::fmt::Debug for EtcdRelease {
     }
 }
 
+impl Releaser for EtcdRelease {
+    fn release(&self) -> futures::future::BoxFuture<'_, Result<(), crate::client::Error>> {
+        Box::pin(async move { self.revoke().await.map_err(crate::client::Error::from) })
+    }
+}
+
 impl EtcdRelease {
     /// Revoke the claim's lease; a lease already gone counts as released.
-    pub async fn release(&self) -> Result<(), Error> {
+    pub async fn revoke(&self) -> Result<(), Error> {
         match self.client.clone().lease_revoke(self.lease_id).await {
             Ok(_) => Ok(()),
             Err(e) if e.to_string().contains("lease not found") => Ok(()),
@@ -165,7 +171,13 @@ pub(crate) async fn create(
         lease_id,
         keeper: None,
     };
-    let (session, task) = Session::start(claim, lease, Release::Etcd(release), (sent, Cadence::Holding), renewer);
+    let (session, task) = Session::start(
+        claim,
+        lease,
+        Release::Backend(Box::new(release)),
+        (sent, Cadence::Holding),
+        renewer,
+    );
     let prefix = lock_prefix(backend, ns, name);
     let claim = Claim {
         client,

@@ -13,6 +13,9 @@
 //! status records exactly what it wrote ([`check`]); anything else and it withdraws the
 //! claim and claims anew, never acting under the tampered record.
 
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+
 use crate::api::DistributedLockStatus;
 
 /// What a claim's owner wrote on its claim at creation.
@@ -39,6 +42,10 @@ pub enum Tampered {
     ReleaseHash,
     /// The lease: none recorded, or shorter than the owner's.
     Lease,
+    /// The claim's lock label (changed or removed).
+    Lock,
+    /// The claim's ownerReference to its pod.
+    Owner,
 }
 
 impl Tampered {
@@ -49,6 +56,8 @@ impl Tampered {
             Self::PodUid => "leasehold.dev/pod-uid",
             Self::ReleaseHash => "leasehold.dev/release-hash",
             Self::Lease => "spec.leaseDurationSeconds",
+            Self::Lock => "metadata.labels[leasehold.dev/lock]",
+            Self::Owner => "metadata.ownerReferences",
         }
     }
 }
@@ -128,6 +137,32 @@ impl Recorded<'_> {
     }
 }
 
+/// The first field of the claim `stored` (as the API server has it now) that differs
+/// from what its owner `wrote` for `lock`: a claim the controller has not placed yet
+/// may be unplaced because someone changed it (the controller then refuses it for its
+/// pod, or ignores it as invalid, and its owner would wait or give up for nothing).
+pub fn claim_differs(stored: &Lease, wrote: &Written<'_>, lock: &str) -> Option<Tampered> {
+    let annotation = |key: &str| stored.annotations().get(key).map(String::as_str);
+    let pod = stored.spec.as_ref().and_then(|s| s.holder_identity.as_deref());
+    let owned = stored
+        .owner_references()
+        .iter()
+        .any(|o| o.kind == "Pod" && o.name == wrote.pod && o.uid == wrote.pod_uid);
+    if crate::protocol::claim::claim_lock(stored) != Some(lock) {
+        Some(Tampered::Lock)
+    } else if pod != Some(wrote.pod) {
+        Some(Tampered::Pod)
+    } else if annotation(crate::protocol::POD_UID_ANNOTATION) != Some(wrote.pod_uid) {
+        Some(Tampered::PodUid)
+    } else if annotation(crate::protocol::RELEASE_HASH_ANNOTATION) != wrote.release_hash {
+        Some(Tampered::ReleaseHash)
+    } else if !owned {
+        Some(Tampered::Owner)
+    } else {
+        None
+    }
+}
+
 /// Check what `status` records for `claim` against what its owner `wrote`; `Ok` when
 /// the status records nothing for it yet.
 pub fn check(status: &DistributedLockStatus, claim: &str, wrote: &Written<'_>) -> Result<(), Tampered> {
@@ -144,6 +179,54 @@ mod tests {
 
     use super::*;
     use crate::api::{Holder, Successor, Waiter};
+
+    #[test]
+    fn a_stored_claim_changed_in_any_field_its_owner_wrote_is_told_apart() {
+        let pod = crate::protocol::PodIdentity {
+            name: "p".into(),
+            namespace: "ns".into(),
+            uid: "u".into(),
+        };
+        let secret = crate::protocol::release::Secret::generate();
+        let hash = secret.hash();
+        let wrote = Written {
+            release_hash: Some(&hash),
+            ..WROTE
+        };
+        let made = crate::protocol::claim::claim_lease_with("c", "l", &pod, 60, Some(&secret));
+        assert_eq!(claim_differs(&made, &wrote, "l"), None);
+        assert_eq!(claim_differs(&made, &wrote, "m"), Some(Tampered::Lock));
+        type Edit = fn(&mut Lease);
+        let edits: [(Edit, Tampered); 5] = [
+            (
+                |l| drop(l.labels_mut().remove(crate::protocol::LOCK_LABEL)),
+                Tampered::Lock,
+            ),
+            (
+                |l| l.spec.as_mut().unwrap().holder_identity = Some("q".into()),
+                Tampered::Pod,
+            ),
+            (
+                |l| {
+                    drop(
+                        l.annotations_mut()
+                            .insert(crate::protocol::POD_UID_ANNOTATION.into(), "v".into()),
+                    )
+                },
+                Tampered::PodUid,
+            ),
+            (
+                |l| drop(l.annotations_mut().remove(crate::protocol::RELEASE_HASH_ANNOTATION)),
+                Tampered::ReleaseHash,
+            ),
+            (|l| l.metadata.owner_references = None, Tampered::Owner),
+        ];
+        for (edit, field) in edits {
+            let mut changed = made.clone();
+            edit(&mut changed);
+            assert_eq!(claim_differs(&changed, &wrote, "l"), Some(field));
+        }
+    }
 
     const WROTE: Written<'static> = Written {
         pod: "p",

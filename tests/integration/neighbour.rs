@@ -109,6 +109,33 @@ async fn a_claim_changed_before_it_was_first_queued_is_withdrawn_not_acted_on() 
 }
 
 #[tokio::test]
+async fn a_claim_whose_pod_uid_was_changed_before_it_was_queued_is_made_anew_not_waited_on() {
+    let ns = TestNs::new("nb-poduid").await;
+    let neighbour = ns.as_lock_user().await;
+    let _c = spawn_controller(&ns, "nb-poduid");
+    // b claims a lock that does not exist yet; the neighbour (who learnt the claim's
+    // name, e.g. with a leader-election Role's list) points it at another pod UID. The
+    // controller then ignores the claim (InvalidClaim: its pod UID no longer matches its
+    // ownerReference), and b used to wait for ever.
+    let b = ns.pod("b").await;
+    let lock_b = lock_for(&ns, b);
+    let waiting = tokio::spawn(async move { lock_b.acquire().await });
+    let cb = wait_for("b's claim", DEADLINE, || async { claim_names(&ns).await.pop() }).await;
+    let other_uid = serde_json::json!({"metadata": {"annotations": {"leasehold.dev/pod-uid": "not-b"}}});
+    neighbour_patch(&neighbour, &ns, &cb, other_uid).await;
+    ns.lock("l", spec(15)).await;
+    wait_event(&ns, &cb, "InvalidClaim").await;
+    // Not b's doing: b claims anew and is granted.
+    let g = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("b is granted under a new claim, not left waiting on one it can never get")
+        .unwrap()
+        .unwrap();
+    assert_ne!(g.claim(), cb);
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_holders_claim_stripped_of_its_lock_label_is_deleted_before_its_slot_passes() {
     let ns = TestNs::new("nb-label").await;
     let neighbour = ns.as_lock_user().await;
