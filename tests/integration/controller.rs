@@ -315,10 +315,7 @@ async fn a_claim_made_before_the_controller_saw_its_pod_keeps_its_arrival_place(
     // cache when the pod's claim arrives, and a younger claim of a pod it has seen
     // arrives right after.
     let ns = TestNs::new("podlag").await;
-    let dir = std::env::temp_dir().join(format!("leasehold-test-podlag-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
-    let pod_watches = leasehold::kubeconfig::client_for(&proxied).await.unwrap();
+    let (proxy, pod_watches) = proxied_client("podlag").await;
     let client = split_client_where(ns.client.clone(), pod_watches, |path| path.ends_with("/pods"));
     let _c = spawn_controller_with(client, leasehold::controller::Options::single("podlag", Some(&ns.name)));
     ns.lock("l", spec(120, 1)).await;

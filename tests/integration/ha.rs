@@ -212,11 +212,8 @@ async fn metrics_are_openmetrics_with_build_info_and_a_deleted_locks_series_go()
 #[tokio::test]
 async fn a_leader_cut_off_and_back_after_a_takeover_never_expires_a_live_holder() {
     let ns = TestNs::new("hacut").await;
-    let dir = std::env::temp_dir().join(format!("leasehold-test-hacut-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     // The first leader's whole path to the API server goes through a proxy.
-    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
-    let cut_off = leasehold::kubeconfig::client_for(&proxied).await.unwrap();
+    let (proxy, cut_off) = proxied_client("hacut").await;
     let _first = spawn_controller_with(cut_off, elected(&ns, "hacut-0", None));
     wait_for("hacut-0 leads", DEADLINE, || async {
         (leader(&ns).await.as_deref() == Some("hacut-0")).then_some(())

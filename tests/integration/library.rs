@@ -89,10 +89,7 @@ async fn a_waiter_whose_watch_stalls_still_learns_of_its_grant() {
     let _c = spawn_controller(&ns, "stallwait");
     let lease = 3;
     ns.lock("l", spec(lease)).await;
-    let dir = std::env::temp_dir().join(format!("leasehold-test-stallwait-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
-    let watches = leasehold::kubeconfig::client_for(&proxied).await.unwrap();
+    let (proxy, watches) = proxied_client("stallwait").await;
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
     let guard = lock_for(ns.client.clone(), &ns, a).acquire().await.unwrap();
     let lock_b = lock_for(split_client(ns.client.clone(), watches), &ns, b);

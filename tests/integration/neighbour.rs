@@ -35,6 +35,15 @@ async fn claim_names(ns: &TestNs) -> Vec<String> {
     list.items.into_iter().filter_map(|l| l.metadata.name).collect()
 }
 
+/// Pod b asks for lock l, which does not exist yet (its acquire on a task of its own);
+/// returns the acquire and b's claim, which nobody records until l is made.
+async fn b_claims_a_lock_not_made_yet(ns: &TestNs) -> (JoinHandle<Result<Guard, Error>>, String) {
+    let lock_b = lock_for(ns, ns.pod("b").await);
+    let waiting = tokio::spawn(async move { lock_b.acquire().await });
+    let cb = wait_for("b's claim", DEADLINE, || async { claim_names(ns).await.pop() }).await;
+    (waiting, cb)
+}
+
 /// Lock l (lease `lease`) held by pod a through the library, and pod b waiting for it
 /// (its acquire on a task of its own); returns a's guard, b's acquire and b's claim.
 async fn b_waits_behind_a(ns: &TestNs, lease: i32) -> (Guard, JoinHandle<Result<Guard, Error>>, String) {
@@ -86,10 +95,7 @@ async fn a_claim_changed_before_it_was_first_queued_is_withdrawn_not_acted_on() 
     let neighbour = ns.as_lock_user().await;
     let _c = spawn_controller(&ns, "nb-hash");
     // b claims a lock that does not exist yet: nobody records its claim meanwhile.
-    let b = ns.pod("b").await;
-    let lock_b = lock_for(&ns, b);
-    let waiting = tokio::spawn(async move { lock_b.acquire().await });
-    let cb = wait_for("b's claim", DEADLINE, || async { claim_names(&ns).await.pop() }).await;
+    let (waiting, cb) = b_claims_a_lock_not_made_yet(&ns).await;
     // The neighbour strips its release hash, so that a plain "true" mark (anyone's)
     // would release it once granted.
     let strip = serde_json::json!({"metadata": {"annotations": {RELEASE_HASH_ANNOTATION: null}}});
@@ -117,10 +123,7 @@ async fn a_claim_whose_pod_uid_was_changed_before_it_was_queued_is_made_anew_not
     // name, e.g. with a leader-election Role's list) points it at another pod UID. The
     // controller then ignores the claim (InvalidClaim: its pod UID no longer matches its
     // ownerReference), and b used to wait for ever.
-    let b = ns.pod("b").await;
-    let lock_b = lock_for(&ns, b);
-    let waiting = tokio::spawn(async move { lock_b.acquire().await });
-    let cb = wait_for("b's claim", DEADLINE, || async { claim_names(&ns).await.pop() }).await;
+    let (waiting, cb) = b_claims_a_lock_not_made_yet(&ns).await;
     let other_uid = serde_json::json!({"metadata": {"annotations": {"leasehold.dev/pod-uid": "not-b"}}});
     neighbour_patch(&neighbour, &ns, &cb, other_uid).await;
     ns.lock("l", spec(15)).await;

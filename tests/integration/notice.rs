@@ -62,6 +62,19 @@ async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, S
     (code, body)
 }
 
+/// The claim whose `versions` are followed is swept, and one of them carried the
+/// release mark: its release went through the claim, not a notice.
+async fn released_through_its_mark(versions: tokio::task::JoinHandle<Vec<k8s_openapi::api::coordination::v1::Lease>>) {
+    let seen = tokio::time::timeout(DEADLINE, versions)
+        .await
+        .expect("the released claim is swept")
+        .unwrap();
+    assert!(
+        seen.iter().any(|l| l.annotations().contains_key(RELEASED_ANNOTATION)),
+        "the release went through the claim's mark"
+    );
+}
+
 /// Every version of claim `name` the API server shows from now until it is deleted.
 fn versions_until_deleted(
     ns: &TestNs,
@@ -200,14 +213,7 @@ async fn a_controller_that_never_answers_a_notice_costs_its_timeout_then_the_mar
         "and no longer ({took:?})"
     );
     ns.wait_lock("l", "the slot is free", |l| holders(l).is_empty()).await;
-    let seen = tokio::time::timeout(Duration::from_secs(20), versions)
-        .await
-        .expect("the released claim is swept")
-        .unwrap();
-    assert!(
-        seen.iter().any(|l| l.annotations().contains_key(RELEASED_ANNOTATION)),
-        "the release went through the claim's mark"
-    );
+    released_through_its_mark(versions).await;
 }
 
 #[tokio::test]
@@ -250,14 +256,7 @@ async fn a_release_url_whose_packets_are_dropped_costs_a_waiting_run_s_release_n
         took < limit / 2,
         "b's release waited for the unreachable URL: {took:?} from its CMD's end to its exit"
     );
-    let seen = tokio::time::timeout(DEADLINE, versions)
-        .await
-        .expect("b's released claim is swept")
-        .unwrap();
-    assert!(
-        seen.iter().any(|l| l.annotations().contains_key(RELEASED_ANNOTATION)),
-        "b released through its claim's mark"
-    );
+    released_through_its_mark(versions).await;
 }
 
 #[tokio::test]
@@ -310,10 +309,7 @@ fn successor(lock: &leasehold::api::DistributedLock) -> Option<(String, i64)> {
 async fn a_successor_is_granted_before_the_status_write_and_the_next_controller_grants_it_the_same_token() {
     let ns = TestNs::new("direct").await;
     // Controller A reaches the API server through a proxy the test black-holes.
-    let dir = std::env::temp_dir().join(format!("leasehold-test-direct-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
-    let through_proxy = leasehold::kubeconfig::client_for(&proxied).await.unwrap();
+    let (proxy, through_proxy) = proxied_client("direct").await;
     let port = free_port();
     let opts = Options {
         http_addr: Some(([127, 0, 0, 1], port).into()),

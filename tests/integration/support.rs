@@ -455,13 +455,20 @@ pub async fn proxied_kubeconfig(dir: &Path) -> (Proxy, PathBuf) {
     (proxy, proxied)
 }
 
-/// A controller for `ns` (identity `name`) whose watches go through a proxy the test
-/// can stall, while its reads and writes go direct.
-pub async fn controller_with_proxied_watches(ns: &TestNs, name: &str) -> (Proxy, Running) {
+/// A client for the shared API server whose every request goes through a new proxy the
+/// test controls (its kubeconfig in a scratch directory named after `name`).
+pub async fn proxied_client(name: &str) -> (Proxy, Client) {
     let dir = std::env::temp_dir().join(format!("leasehold-test-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (proxy, proxied) = proxied_kubeconfig(&dir).await;
-    let watches = leasehold::kubeconfig::client_for(&proxied).await.unwrap();
+    let client = leasehold::kubeconfig::client_for(&proxied).await.unwrap();
+    (proxy, client)
+}
+
+/// A controller for `ns` (identity `name`) whose watches go through a proxy the test
+/// can stall, while its reads and writes go direct.
+pub async fn controller_with_proxied_watches(ns: &TestNs, name: &str) -> (Proxy, Running) {
+    let (proxy, watches) = proxied_client(name).await;
     let client = split_client(ns.client.clone(), watches);
     let opts = leasehold::controller::Options::single(name, Some(&ns.name));
     (proxy, spawn_controller_with(client, opts))
