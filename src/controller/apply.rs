@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams};
 use kube::runtime::events::{Event, EventType};
@@ -33,28 +32,13 @@ pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
     if !super::finalizer::lets_go(lock, &d.status) {
         m.set_queue_depth(&ns, &name, d.status.queue.len());
     }
-    let granted_any = d.actions.iter().any(|a| matches!(a.kind, ActionKind::Granted(_)));
-    let now = Timestamp::now();
     let old = lock.status.clone().unwrap_or_default();
+    m.record_actions((&ns, &name), &old, &d.actions, &plan.released_seen, Timestamp::now());
     for a in &d.actions {
-        let secs_since = |t: &Time| (now.as_millisecond() - t.0.as_millisecond()).max(0) as f64 / 1000.0;
         match a.kind {
-            ActionKind::Granted(token) => {
-                let waited = old.queue.iter().find(|w| w.claim == a.claim);
-                m.record_grant(&ns, &name, waited.map(|w| secs_since(&w.requested_at)));
-                tracing::info!(claim = a.claim, pod = a.pod, token, "granted");
-            }
+            ActionKind::Granted(token) => tracing::info!(claim = a.claim, pod = a.pod, token, "granted"),
             ActionKind::Released(_) | ActionKind::Revoked(..) => {
-                let held = old.holders.iter().find(|h| h.claim == a.claim);
-                let reason = match a.kind {
-                    ActionKind::Revoked(_, reason) => Some(reason),
-                    _ => None,
-                };
-                m.record_slot_end(held.map(|h| secs_since(&h.granted_at)), reason);
-                if granted_any && let Some((_, seen)) = plan.released_seen.iter().find(|(c, _)| c == &a.claim) {
-                    m.handoff_seconds.observe(seen.elapsed().as_secs_f64());
-                }
-                tracing::info!(claim = a.claim, pod = a.pod, kind = ?a.kind, "slot freed or revoked");
+                tracing::info!(claim = a.claim, pod = a.pod, kind = ?a.kind, "slot freed or revoked")
             }
             _ => tracing::debug!(claim = a.claim, pod = a.pod, kind = ?a.kind, "queue changed"),
         }

@@ -242,6 +242,7 @@ fn key_view(prefix: &str, kv: &etcd_client::KeyValue) -> Option<KeyView> {
 /// Reconcile an etcd-backed lock: report its keys in status, revoke the claims of gone
 /// pods, and say in the Ready condition (and an event) when etcd cannot be reached.
 pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>, backend: EtcdBackend) -> Result<Requeue, Error> {
+    let started = std::time::Instant::now();
     let ns = lock.namespace().unwrap_or_default();
     let name = lock.name_any();
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &ns);
@@ -293,12 +294,11 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>, backend: E
                 }
             }
         }
-        for a in events.iter().filter(|a| matches!(a.kind, ActionKind::Granted(_))) {
-            let waited = old.queue.iter().find(|w| w.claim == a.claim);
-            let secs =
-                waited.map(|w| (Timestamp::now().as_millisecond() - w.requested_at.0.as_millisecond()) as f64 / 1e3);
-            ctx.metrics.record_grant(&ns, &name, secs.map(|s| s.max(0.0)));
-        }
+        // The same metrics as a Lease-backed lock's (a release here is seen when etcd
+        // shows its key gone: no handoff is timed from a notice or a mark).
+        ctx.metrics
+            .record_actions((&ns, &name), &old, &events, &[], Timestamp::now());
+        ctx.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
         super::apply::publish_actions(&ctx, &current, events);
         if let Some(Trouble {
             reason: "EtcdUnavailable",

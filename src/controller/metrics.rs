@@ -16,7 +16,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::api::{DistributedLock, RevokeReason};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{DistributedLock, DistributedLockStatus, RevokeReason};
+use crate::decide::{Action, ActionKind};
 
 /// The content type of [`Metrics::encode`]'s output (OpenMetrics text).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -206,6 +210,43 @@ impl Metrics {
         }
     }
 
+    /// Record what one status write of lock `ns/lock` did, whichever backend keeps its
+    /// claims: each grant with how long it waited since it was queued (as `old`, the
+    /// status it replaced, says), each release or revocation with how long it was held
+    /// (and the revocation's reason), and, when the write also granted, each handoff
+    /// from when the release was seen (`released_seen`) to now.
+    pub fn record_actions(
+        &self,
+        (ns, lock): (&str, &str),
+        old: &DistributedLockStatus,
+        actions: &[Action],
+        released_seen: &[(String, std::time::Instant)],
+        now: Timestamp,
+    ) {
+        let secs_since = |t: &Time| (now.as_millisecond() - t.0.as_millisecond()).max(0) as f64 / 1000.0;
+        let granted_any = actions.iter().any(|a| matches!(a.kind, ActionKind::Granted(_)));
+        for a in actions {
+            match a.kind {
+                ActionKind::Granted(_) => {
+                    let waited = old.queue.iter().find(|w| w.claim == a.claim);
+                    self.record_grant(ns, lock, waited.map(|w| secs_since(&w.requested_at)));
+                }
+                ActionKind::Released(_) | ActionKind::Revoked(..) => {
+                    let held = old.holders.iter().find(|h| h.claim == a.claim);
+                    let reason = match a.kind {
+                        ActionKind::Revoked(_, reason) => Some(reason),
+                        _ => None,
+                    };
+                    self.record_slot_end(held.map(|h| secs_since(&h.granted_at)), reason);
+                    if granted_any && let Some((_, seen)) = released_seen.iter().find(|(c, _)| c == &a.claim) {
+                        self.handoff_seconds.observe(seen.elapsed().as_secs_f64());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// Set the number of waiting claims of lock `ns/lock`.
     pub fn set_queue_depth(&self, ns: &str, lock: &str, depth: usize) {
         let depth = i64::try_from(depth).unwrap_or(i64::MAX);
@@ -311,6 +352,36 @@ mod tests {
             .filter(|l| l.contains(&labels))
             .map(String::from)
             .collect()
+    }
+
+    #[test]
+    fn what_a_write_did_is_recorded_whatever_the_backend() {
+        let m = Metrics::default();
+        let at = |secs| Time(Timestamp::from_second(secs).unwrap());
+        let old: DistributedLockStatus = serde_json::from_value(serde_json::json!({
+            "holders": [{"claim": "a", "pod": "a", "podUID": "u", "fencingToken": 1, "grantedAt": "1970-01-01T00:00:10Z"}],
+            "queue": [{"claim": "b", "pod": "b", "podUID": "v", "requestedAt": "1970-01-01T00:00:15Z"}],
+        }))
+        .unwrap();
+        let actions = [
+            Action::new("a", "a", ActionKind::Revoked(1, RevokeReason::PodGone)),
+            Action::new("b", "b", ActionKind::Granted(2)),
+        ];
+        let seen = [("a".to_string(), std::time::Instant::now())];
+        m.record_actions(("ns", "l"), &old, &actions, &seen, at(40).0);
+        let text = m.encode();
+        for line in [
+            "leasehold_grants_total{namespace=\"ns\",lock=\"l\"} 1",
+            "leasehold_revocations_total{reason=\"PodGone\"} 1",
+            "leasehold_hold_seconds_sum 30.0",
+            "leasehold_wait_seconds_sum 25.0",
+            "leasehold_handoff_seconds_count 1",
+        ] {
+            assert!(text.contains(line), "{line} in:\n{text}");
+        }
+        // A release alone (no grant in the same write) times no handoff.
+        m.record_actions(("ns", "l"), &old, &actions[..1], &seen, at(40).0);
+        assert!(m.encode().contains("leasehold_handoff_seconds_count 1"));
     }
 
     #[test]

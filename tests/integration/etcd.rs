@@ -355,7 +355,7 @@ async fn a_force_deleted_pod_s_claim_is_held_back_revoked_and_passed_on_after_it
     let etcd = shared();
     etcd.ready().await;
     let ns = TestNs::new("etcdgone").await;
-    let _c = spawn_controller(&ns, "etcdgone");
+    let (port, _c, _) = serving_controller(&ns, "etcdgone").await;
     ns.lock("l", etcd_spec(&ns, &etcd.url(), 3, 1)).await;
     let dir = scratch("etcdgone");
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
@@ -373,6 +373,19 @@ async fn a_force_deleted_pod_s_claim_is_held_back_revoked_and_passed_on_after_it
     .await;
     a_lost_then_b_ran(&mut run_a, &mut run_b, &dir, &["start a", "term a", "start b", "end b"]).await;
     wait_event(&ns, "l", "Revoked").await;
+    // Counted as a Lease-backed lock's would be (etcd-backed locks recorded grants
+    // only): a's revocation, its slot's end, and the reconciles' times (the revocation's
+    // write came before b's grant, so before b ran).
+    let (_, metrics) = get(port, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("leasehold_revocations_total{reason=\"PodGone\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("\nleasehold_hold_seconds_count 0\n")
+            && !metrics.contains("\nleasehold_reconcile_seconds_count 0\n"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

@@ -6,7 +6,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use leasehold::api::DistributedLockSpec;
 use leasehold::controller::{LEADER_LEASE, Options};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::*;
 
@@ -32,18 +31,6 @@ async fn leader(ns: &TestNs) -> Option<String> {
         .spec?
         .holder_identity
         .filter(|h| !h.is_empty())
-}
-
-/// GET a path from 127.0.0.1:port; returns (status line and headers, body).
-async fn get(port: u16, path: &str) -> Option<(String, String)> {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).await.ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    Some((head.to_string(), body.to_string()))
 }
 
 #[tokio::test]
@@ -120,19 +107,6 @@ async fn a_standby_replica_takes_over_when_the_leader_stops_and_metrics_are_serv
         metrics.contains("\nleasehold_leader 1\n"),
         "the new leader says so:\n{metrics}"
     );
-}
-
-/// One controller of `ns` serving HTTP on a loopback port: the port, the controller's
-/// task and its first /metrics answer (head, body).
-async fn serving_controller(ns: &TestNs, name: &str) -> (u16, Running, (String, String)) {
-    let port = free_port();
-    let opts = Options {
-        http_addr: Some(([127, 0, 0, 1], port).into()),
-        ..Options::single(name, Some(&ns.name))
-    };
-    let c = spawn_controller_with(ns.client.clone(), opts);
-    let first = wait_for("/metrics to answer", DEADLINE, || get(port, "/metrics")).await;
-    (port, c, first)
 }
 
 #[tokio::test]

@@ -587,3 +587,31 @@ pub async fn take_turn(ns: &TestNs, lock: &str, pod: PodIdentity) {
     let guard = handle.acquire().await.expect("acquire");
     guard.release().await.expect("release");
 }
+
+/// GET a path from 127.0.0.1:port; returns (status line and headers, body).
+pub async fn get(port: u16, path: &str) -> Option<(String, String)> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    tokio::io::AsyncWriteExt::write_all(
+        &mut s,
+        format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes(),
+    )
+    .await
+    .ok()?;
+    let mut text = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut s, &mut text).await.ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((head.to_string(), body.to_string()))
+}
+
+/// One controller of `ns` serving HTTP on a loopback port: the port, the controller's
+/// task and its first /metrics answer (head, body).
+pub async fn serving_controller(ns: &TestNs, name: &str) -> (u16, Running, (String, String)) {
+    let port = free_port();
+    let opts = leasehold::controller::Options {
+        http_addr: Some(([127, 0, 0, 1], port).into()),
+        ..leasehold::controller::Options::single(name, Some(&ns.name))
+    };
+    let c = spawn_controller_with(ns.client.clone(), opts);
+    let first = wait_for("/metrics to answer", DEADLINE, || get(port, "/metrics")).await;
+    (port, c, first)
+}
