@@ -340,10 +340,12 @@ impl Lock {
     ) -> Result<Outcome, Error> {
         let claim = session.claim.as_str();
         let hash = session.release_hash();
+        let wait_hash = session.wait_proof().map(|p| crate::protocol::release::hash_of(&p));
         let wrote = Written {
             pod: &self.identity.name,
             pod_uid: &self.identity.uid,
             release_hash: hash.as_deref(),
+            wait_hash: wait_hash.as_deref(),
             lease_seconds: i32::try_from(session.lease.as_secs()).unwrap_or(i32::MAX),
         };
         let now = tokio::time::Instant::now;

@@ -257,10 +257,12 @@ fn changed_since_recorded(
     let recorded = record::recorded(status, &lease.name_any())?;
     let hash = release::claim_hash(lease);
     let stated = claim::claim_lease_seconds(lease);
+    let wait_hash = lease.annotations().get(crate::protocol::WAIT_HASH_ANNOTATION);
     let now = Written {
         pod,
         pod_uid,
         release_hash: hash.as_deref(),
+        wait_hash: wait_hash.map(String::as_str),
         lease_seconds: stated,
     };
     let lowered = stated > 0 && recorded.lease_seconds.is_some_and(|l| l > stated);

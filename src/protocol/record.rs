@@ -27,6 +27,8 @@ pub struct Written<'a> {
     pub pod_uid: &'a str,
     /// The hash of its release secret (`None`: it wrote none).
     pub release_hash: Option<&'a str>,
+    /// The hash of its wait proof (`None`: it wrote none).
+    pub wait_hash: Option<&'a str>,
     /// The lease it lives by, in seconds.
     pub lease_seconds: i32,
 }
@@ -46,6 +48,9 @@ pub enum Tampered {
     Lock,
     /// The claim's ownerReference to its pod.
     Owner,
+    /// The hash of the owner's wait proof (another than it wrote: only its holder
+    /// could then wait for the claim's direct grant).
+    WaitHash,
 }
 
 impl Tampered {
@@ -58,6 +63,7 @@ impl Tampered {
             Self::Lease => "spec.leaseDurationSeconds",
             Self::Lock => "metadata.labels[leasehold.dev/lock]",
             Self::Owner => "metadata.ownerReferences",
+            Self::WaitHash => "leasehold.dev/wait-hash",
         }
     }
 }
@@ -82,6 +88,8 @@ pub struct Recorded<'a> {
     pub pod_uid: &'a str,
     /// The release hash.
     pub release_hash: Option<&'a str>,
+    /// The wait hash (`None`: none recorded, or a holder's record, which has none).
+    pub wait_hash: Option<&'a str>,
     /// The lease (a designated waiter's: the longer of its queue entry's and its
     /// designation's).
     pub lease_seconds: Option<i32>,
@@ -97,6 +105,7 @@ pub fn recorded<'s>(status: &'s DistributedLockStatus, claim: &str) -> Option<Re
             pod: &h.pod,
             pod_uid: &h.pod_uid,
             release_hash: h.release_hash.as_deref(),
+            wait_hash: None,
             lease_seconds: h.lease_duration_seconds,
             granted: true,
         });
@@ -107,6 +116,7 @@ pub fn recorded<'s>(status: &'s DistributedLockStatus, claim: &str) -> Option<Re
         pod: &w.pod,
         pod_uid: &w.pod_uid,
         release_hash: w.release_hash.as_deref(),
+        wait_hash: w.wait_hash.as_deref(),
         lease_seconds: w
             .lease_duration_seconds
             .max(designated.and_then(|s| s.lease_duration_seconds)),
@@ -126,6 +136,11 @@ impl Recorded<'_> {
         }
         if self.release_hash != wrote.release_hash {
             return Some(Tampered::ReleaseHash);
+        }
+        // A wait hash recorded is the owner's; none recorded may be an older controller's
+        // record (it only costs the fast path: anyone may then wait for the grant).
+        if self.wait_hash.is_some() && self.wait_hash != wrote.wait_hash {
+            return Some(Tampered::WaitHash);
         }
         // A waiter's record from an older controller has no lease (its designation and
         // grant then record the claim's).
@@ -158,6 +173,8 @@ pub fn claim_differs(stored: &Lease, wrote: &Written<'_>, lock: &str) -> Option<
         Some(Tampered::ReleaseHash)
     } else if !owned {
         Some(Tampered::Owner)
+    } else if annotation(crate::protocol::WAIT_HASH_ANNOTATION) != wrote.wait_hash {
+        Some(Tampered::WaitHash)
     } else {
         None
     }
@@ -189,15 +206,17 @@ mod tests {
         };
         let secret = crate::protocol::release::Secret::generate();
         let hash = secret.hash();
+        let wait = secret.wait_hash();
         let wrote = Written {
             release_hash: Some(&hash),
+            wait_hash: Some(&wait),
             ..WROTE
         };
         let made = crate::protocol::claim::claim_lease_with("c", "l", &pod, 60, Some(&secret));
         assert_eq!(claim_differs(&made, &wrote, "l"), None);
         assert_eq!(claim_differs(&made, &wrote, "m"), Some(Tampered::Lock));
         type Edit = fn(&mut Lease);
-        let edits: [(Edit, Tampered); 5] = [
+        let edits: [(Edit, Tampered); 6] = [
             (
                 |l| drop(l.labels_mut().remove(crate::protocol::LOCK_LABEL)),
                 Tampered::Lock,
@@ -220,6 +239,10 @@ mod tests {
                 Tampered::ReleaseHash,
             ),
             (|l| l.metadata.owner_references = None, Tampered::Owner),
+            (
+                |l| drop(l.annotations_mut().remove(crate::protocol::WAIT_HASH_ANNOTATION)),
+                Tampered::WaitHash,
+            ),
         ];
         for (edit, field) in edits {
             let mut changed = made.clone();
@@ -232,8 +255,29 @@ mod tests {
         pod: "p",
         pod_uid: "u",
         release_hash: Some("h"),
+        wait_hash: Some("w"),
         lease_seconds: 60,
     };
+
+    #[test]
+    fn a_wait_hash_recorded_must_be_the_owners_and_none_recorded_is_an_older_controllers() {
+        let with = |hash: Option<&str>| {
+            let mut status = waiting(Some(60));
+            status.queue[0].wait_hash = hash.map(String::from);
+            check(&status, "c", &WROTE)
+        };
+        assert_eq!(with(Some("w")), Ok(()));
+        assert_eq!(
+            with(Some("x")),
+            Err(Tampered::WaitHash),
+            "another's proof would open it"
+        );
+        assert_eq!(
+            with(None),
+            Ok(()),
+            "an older controller records none: only the fast path is at stake"
+        );
+    }
 
     fn waiting(lease: Option<i32>) -> DistributedLockStatus {
         DistributedLockStatus {
