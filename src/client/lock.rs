@@ -340,7 +340,8 @@ impl Lock {
     ) -> Result<Outcome, Error> {
         let claim = session.claim.as_str();
         let hash = session.release_hash();
-        let wait_hash = session.wait_proof().map(|p| crate::protocol::release::hash_of(&p));
+        let proof = session.wait_proof();
+        let wait_hash = proof.as_deref().map(crate::protocol::release::hash_of);
         let wrote = Written {
             pod: &self.identity.name,
             pod_uid: &self.identity.uid,
@@ -478,7 +479,7 @@ impl Lock {
                 }
                 return Err(refusal(reason));
             }
-            direct.follow(&lock, claim, session.wait_proof().as_deref());
+            direct.follow(&lock, claim, proof.as_deref());
             progress.lock_seen(&status, now());
         }
     }

@@ -92,10 +92,19 @@ fn version(lock: &DistributedLock) -> u64 {
 }
 
 /// What the leader lends the notices while it leads.
+#[derive(Clone)]
 struct Leader {
     locks: Store<DistributedLock>,
     written: Arc<Written>,
     prompter: Prompter,
+}
+
+impl Leader {
+    /// The freshest status this controller knows of `lock`: its own last write, or its
+    /// cache's.
+    fn freshest(&self, lock: &ObjectRef<DistributedLock>) -> Option<DistributedLock> {
+        self.locks.get(lock).map(|cached| self.written.peek(&cached))
+    }
 }
 
 /// The valid notices, by (namespace, claim), with when each was taken and its secret.
@@ -176,14 +185,10 @@ impl Notices {
     /// The answer to `notice`, with the UID of the lock it was judged against.
     async fn judge(&self, notice: &Notice) -> (Answer, Option<String>) {
         let lock = ObjectRef::<DistributedLock>::new(&notice.lock).within(&notice.namespace);
-        let (locks, written, prompter) = {
-            let leader = self.leader.lock().expect("notices lock poisoned");
-            let Some(l) = leader.as_ref() else {
-                return (Answer::NotLeader, None);
-            };
-            (l.locks.clone(), l.written.clone(), l.prompter.clone())
+        let Some(leader) = self.leading() else {
+            return (Answer::NotLeader, None);
         };
-        let freshest = || locks.get(&lock).map(|cached| written.peek(&cached));
+        let freshest = || leader.freshest(&lock);
         let Some(current) = freshest() else {
             return (Answer::NotHeld, None);
         };
@@ -200,7 +205,7 @@ impl Notices {
         }
         let mut writes = self.writes.subscribe();
         self.remember(notice, Instant::now());
-        prompter.prompt(lock.clone());
+        leader.prompter.prompt(lock.clone());
         let deadline = tokio::time::Instant::now() + self.wait;
         loop {
             // Written: a newer status of the same lock no longer names the claim, and
@@ -223,6 +228,11 @@ impl Notices {
         }
     }
 
+    /// What the leader lent, while this replica leads.
+    fn leading(&self) -> Option<Leader> {
+        self.leader.lock().expect("notices lock poisoned").clone()
+    }
+
     /// Whether `w` may wait for a direct grant here: this replica leads, the freshest
     /// status it knows designates the claim as its lock's successor, and the wait shows
     /// the proof whose hash the claim's queue entry records (a claim recorded without
@@ -232,21 +242,13 @@ impl Notices {
     /// this replica has taken note of it).
     pub async fn may_wait(&self, w: &WaitFor) -> Result<(), Told> {
         let lock = ObjectRef::<DistributedLock>::new(&w.lock).within(&w.namespace);
-        let (locks, written) = {
-            let leader = self.leader.lock().expect("notices lock poisoned");
-            let Some(l) = leader.as_ref() else {
-                return Err(Told::NotLeader);
-            };
-            (l.locks.clone(), l.written.clone())
+        let Some(leader) = self.leading() else {
+            return Err(Told::NotLeader);
         };
         let mut writes = self.writes.subscribe();
         let deadline = tokio::time::Instant::now() + DESIGNATION_WAIT;
         loop {
-            let status = locks
-                .get(&lock)
-                .map(|cached| written.peek(&cached))
-                .and_then(|l| l.status)
-                .unwrap_or_default();
+            let status = leader.freshest(&lock).and_then(|l| l.status).unwrap_or_default();
             let designated = status.successor.as_ref().is_some_and(|s| s.claim == w.claim);
             let entry = status.queue.iter().find(|q| q.claim == w.claim).filter(|_| designated);
             match entry.map(|q| q.wait_hash.as_deref()) {

@@ -257,12 +257,11 @@ fn changed_since_recorded(
     let recorded = record::recorded(status, &lease.name_any())?;
     let hash = release::claim_hash(lease);
     let stated = claim::claim_lease_seconds(lease);
-    let wait_hash = lease.annotations().get(crate::protocol::WAIT_HASH_ANNOTATION);
     let now = Written {
         pod,
         pod_uid,
         release_hash: hash.as_deref(),
-        wait_hash: wait_hash.map(String::as_str),
+        wait_hash: claim::claim_wait_hash(lease),
         lease_seconds: stated,
     };
     let lowered = stated > 0 && recorded.lease_seconds.is_some_and(|l| l > stated);
@@ -324,7 +323,7 @@ pub fn claim_view(
         released: mark == Mark::Valid,
         forged: mark == Mark::Forged,
         release_hash: recorded,
-        wait_hash: lease.annotations().get(crate::protocol::WAIT_HASH_ANNOTATION).cloned(),
+        wait_hash: claim::claim_wait_hash(lease).map(String::from),
         stamped_token: claim::stamped_token(lease),
         expired,
         lease_seconds: claim::claim_lease_seconds(lease),

@@ -164,6 +164,11 @@ pub fn validate_claim(lease: &Lease) -> Result<(String, String), BadClaim> {
     Ok((pod, uid))
 }
 
+/// The hash of the owner's wait proof a claim carries, if any.
+pub fn claim_wait_hash(lease: &Lease) -> Option<&str> {
+    lease.annotations().get(WAIT_HASH_ANNOTATION).map(String::as_str)
+}
+
 /// The lock a claim asks for, by its label.
 pub fn claim_lock(lease: &Lease) -> Option<&str> {
     lease

@@ -173,7 +173,7 @@ pub fn claim_differs(stored: &Lease, wrote: &Written<'_>, lock: &str) -> Option<
         Some(Tampered::ReleaseHash)
     } else if !owned {
         Some(Tampered::Owner)
-    } else if annotation(crate::protocol::WAIT_HASH_ANNOTATION) != wrote.wait_hash {
+    } else if crate::protocol::claim::claim_wait_hash(stored) != wrote.wait_hash {
         Some(Tampered::WaitHash)
     } else {
         None
