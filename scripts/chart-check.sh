@@ -83,6 +83,12 @@ affinity: { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { no
 YAML
 tpl minimal.yaml -f "$rendered/minimal.values"
 tpl closed.yaml --set networkPolicy.enabled=true
+tpl admission.yaml --set admission.enabled=true --set admission.failurePolicy=Fail --set 'clientRbac.namespaces={team-a}' \
+  --set networkPolicy.enabled=true --set 'admission.clientAccounts={locks,leasehold-client}'
+tpl admission-claims.yaml --set admission.enabled=true --set watchNamespace=team-b
+tpl policy.yaml --kube-version 1.31.0 --set admissionPolicy.enabled=true --set 'clientRbac.namespaces={team-a}'
+! "$HELM" template leasehold charts/leasehold --kube-version 1.29.0 --set admissionPolicy.enabled=true >/dev/null 2>&1 ||
+  fail "admissionPolicy renders for Kubernetes 1.29 (no ValidatingAdmissionPolicy v1 there)"
 mkdir "$rendered/old" && tpl old/v1.20.yaml --kube-version 1.20.2
 ! "$HELM" template leasehold charts/leasehold --kube-version 1.19.16 >/dev/null 2>&1 || fail "the chart renders for Kubernetes 1.19"
 
@@ -100,6 +106,21 @@ np=$(doc "$rendered/all.yaml" NetworkPolicy leasehold)
 has "$np" 'kubernetes.io/metadata.name: team-b' || fail "the NetworkPolicy does not admit the client namespaces"
 has "$np" 'app: prometheus' || fail "networkPolicy.metricsFrom is not used"
 has "$(doc "$rendered/closed.yaml" NetworkPolicy leasehold)" 'ingress: []' || fail "a NetworkPolicy without peers must admit nobody (an empty from admits everyone)"
+! has "$d" 'kind: ValidatingWebhookConfiguration' || fail "an admission webhook by default"
+w=$(doc "$rendered/admission.yaml" ValidatingWebhookConfiguration leasehold-leasehold-system)
+has "$w" 'failurePolicy: Fail' || fail "admission.failurePolicy is not used"
+has "$w" '- { key: leasehold.dev/lock, operator: Exists }' || fail "the claims webhook does not select claims"
+has "$w" 'values: ["team-a"]' || fail "the client accounts are not confined in clientRbac's namespaces"
+has "$(cat "$rendered/admission.yaml")" '- --admission-client-account=locks,leasehold-client' || fail "admission.clientAccounts do not reach the controller"
+has "$(doc "$rendered/admission.yaml" NetworkPolicy leasehold)" 'port: 8443' || fail "the NetworkPolicy shuts the API server out of the webhook"
+w=$(doc "$rendered/admission-claims.yaml" ValidatingWebhookConfiguration leasehold-leasehold-system)
+! has "$w" 'clients.leasehold.dev' || fail "a confining webhook without namespaces to confine in"
+has "$w" 'kubernetes.io/metadata.name: team-b' || fail "the claims webhook reaches beyond watchNamespace"
+p=$(doc "$rendered/policy.yaml" ValidatingAdmissionPolicy leasehold-clients)
+has "$p" 'expression: "[\"leasehold-client\"]"' || fail "the clients policy does not name admission.clientAccounts"
+has "$p" 'values: ["team-a"]' || fail "the clients policy is not confined to clientRbac's namespaces"
+has "$(doc "$rendered/policy.yaml" ValidatingAdmissionPolicy leasehold-claims)" 'leasehold.dev/wait-hash' || fail "the claims policy lacks the chart's rules"
+has "$(doc "$rendered/policy.yaml" ValidatingAdmissionPolicyBinding leasehold-claims)" 'validationActions: [Deny]' || fail "the claims policy is not bound to deny"
 n=$(cat "$rendered/namespaced.yaml")
 has "$(doc "$rendered/namespaced.yaml" Role leasehold)" 'namespace: team-a' || fail "watchNamespace renders no Role in it"
 has "$(doc "$rendered/namespaced.yaml" RoleBinding leasehold)" 'name: leasehold-controller' || fail "watchNamespace's RoleBinding misses the ServiceAccount"

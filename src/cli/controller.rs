@@ -33,6 +33,23 @@ pub struct ControllerArgs {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "LEASEHOLD_WATCH_NAMESPACE")]
     pub namespace: Option<String>,
+    /// Serve the validating admission webhook for Leases over HTTPS on this address
+    /// (the chart's `admission.enabled` sets it, with a ValidatingWebhookConfiguration).
+    /// It keeps a claim's identity, hash and lock label as created and its lease from
+    /// decreasing, and confines the lock clients' service accounts to claims.
+    #[arg(long, env = "LEASEHOLD_ADMISSION_ADDR", requires_all = ["admission_cert", "admission_key"])]
+    pub admission_addr: Option<SocketAddr>,
+    /// The webhook's certificate chain (PEM).
+    #[arg(long, env = "LEASEHOLD_ADMISSION_CERT")]
+    pub admission_cert: Option<std::path::PathBuf>,
+    /// The webhook's private key (PEM).
+    #[arg(long, env = "LEASEHOLD_ADMISSION_KEY")]
+    pub admission_key: Option<std::path::PathBuf>,
+    /// The service account names (in any namespace) lock clients run as: the webhook
+    /// lets them write claim Leases only. Repeat for several.
+    #[arg(long = "admission-client-account", env = "LEASEHOLD_ADMISSION_CLIENT_ACCOUNTS",
+          value_delimiter = ',', default_value = crate::protocol::admission::CLIENT_ACCOUNT)]
+    pub admission_client_accounts: Vec<String>,
     /// Which cluster (default: in-cluster when run in a pod).
     #[command(flatten)]
     pub cluster: ClusterArgs,
@@ -55,9 +72,31 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             .as_deref()
             .map(|a| crate::controller::release_url(a, args.http_addr.port())),
         notice_wait: crate::protocol::timing::NOTICE_WAIT,
+        admission: admission(
+            &args.admission_addr,
+            &args.admission_cert,
+            &args.admission_key,
+            args.admission_client_accounts,
+        ),
     };
     crate::controller::run(client, opts, shutdown_signal()).await?;
     Ok(())
+}
+
+/// The webhook's configuration, when its address is given (clap requires the
+/// certificate and key with it).
+fn admission(
+    addr: &Option<SocketAddr>,
+    cert: &Option<std::path::PathBuf>,
+    key: &Option<std::path::PathBuf>,
+    client_accounts: Vec<String>,
+) -> Option<crate::controller::admission::Admission> {
+    Some(crate::controller::admission::Admission {
+        addr: (*addr)?,
+        cert: cert.clone()?,
+        key: key.clone()?,
+        policy: crate::protocol::admission::Policy { client_accounts },
+    })
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -8,6 +8,7 @@
 //! Watch-driven: a claim, pod or lock change triggers the lock's reconcile; time-based
 //! transitions requeue at the next deadline.
 
+pub mod admission;
 mod apply;
 pub mod budget;
 pub mod claims;
@@ -77,6 +78,9 @@ pub struct Options {
     /// clients' [`crate::protocol::timing::notice_timeout`] (at least 125 ms), or they
     /// stop waiting first.
     pub notice_wait: Duration,
+    /// Serve the validating admission webhook for Leases ([`admission`]); `None`
+    /// serves none.
+    pub admission: Option<admission::Admission>,
 }
 
 impl Options {
@@ -91,6 +95,7 @@ impl Options {
             namespace: namespace.map(String::from),
             release_url: None,
             notice_wait: crate::protocol::timing::NOTICE_WAIT,
+            admission: None,
         }
     }
 
@@ -121,6 +126,9 @@ pub enum ControllerError {
     /// Leader election could not start.
     #[error("starting leader election: {0}")]
     LeaderElection(#[source] kube_lease_manager::LeaseManagerError),
+    /// The admission webhook could not start.
+    #[error("starting the admission webhook: {0}")]
+    Admission(#[source] admission::AdmissionError),
 }
 
 /// How long a stopping leader waits to hand its leader Lease back.
@@ -150,6 +158,15 @@ pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = (
     let metrics = Arc::new(Metrics::default());
     let notices = Arc::new(notices::Notices::new(opts.notice_wait));
     let probes_apart = opts.probe_addr.is_some();
+    let _admission = match opts.admission.clone() {
+        Some(config) => {
+            let server = admission::Server::bind(config)
+                .await
+                .map_err(ControllerError::Admission)?;
+            Some(Helper::spawn(server.run()))
+        }
+        None => None,
+    };
     let _http = opts.http_addr.map(|addr| {
         let (m, n) = (metrics.clone(), notices.clone());
         Helper::spawn(async move {

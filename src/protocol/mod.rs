@@ -66,6 +66,7 @@
 //! *rate* differences between the two machines over one lease; no wall clocks are
 //! compared. `timing`'s tests state this inequality with the real functions.
 
+pub mod admission;
 pub mod claim;
 pub mod grant;
 #[cfg(feature = "client")]

@@ -68,6 +68,7 @@ async fn chart_installs_and_its_rbac_is_enough_and_no_more() {
         namespace: Some(app.name.clone()),
         release_url: None,
         notice_wait: leasehold::protocol::timing::NOTICE_WAIT,
+        admission: None,
     };
     let _c = spawn_controller_with(as_controller.clone(), opts);
     app.lock(
@@ -181,4 +182,86 @@ async fn chart_installs_and_its_rbac_is_enough_and_no_more() {
 
 fn leases_as(client: &kube::Client, ns: &str) -> Api<k8s_openapi::api::coordination::v1::Lease> {
     Api::namespaced(client.clone(), ns)
+}
+
+/// The documents of `kind` in a rendered manifest.
+fn rendered_docs(manifest: &str, kind: &str) -> Vec<serde_json::Value> {
+    serde_norway::Deserializer::from_str(manifest)
+        .filter_map(|doc| <serde_json::Value as serde::Deserialize>::deserialize(doc).ok())
+        .filter(|v| v["kind"] == kind)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_chart_s_webhook_serves_its_certificate_for_the_service_name_the_api_server_calls() {
+    let ns = format!("lh-{:04x}", rand::random::<u16>());
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/leasehold");
+    let out = helm(&["template", "lh", chart, "-n", &ns, "--set", "admission.enabled=true"]);
+    let manifest = String::from_utf8(out.stdout).unwrap();
+    let secret = &rendered_docs(&manifest, "Secret")[0];
+    let config = &rendered_docs(&manifest, "ValidatingWebhookConfiguration")[0];
+    let client = &config["webhooks"][0]["clientConfig"];
+    let (service, path) = (
+        client["service"]["name"].as_str().unwrap(),
+        client["service"]["path"].as_str().unwrap(),
+    );
+    assert_eq!(path, leasehold::protocol::admission::ADMISSION_PATH);
+    // The Deployment mounts that Secret and points the controller at its files.
+    let deploy = &rendered_docs(&manifest, "Deployment")[0];
+    let volumes = deploy["spec"]["template"]["spec"]["volumes"].to_string();
+    assert!(
+        volumes.contains(secret["metadata"]["name"].as_str().unwrap()),
+        "{volumes}"
+    );
+    let args = deploy["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(
+        args.contains("--admission-cert=/etc/leasehold/admission/tls.crt"),
+        "{args}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("leasehold-chart-{ns}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let decoded = |v: &serde_json::Value| serde_json::from_value::<k8s_openapi::ByteString>(v.clone()).unwrap().0;
+    std::fs::write(dir.join("tls.crt"), decoded(&secret["data"]["tls.crt"])).unwrap();
+    std::fs::write(dir.join("tls.key"), decoded(&secret["data"]["tls.key"])).unwrap();
+    std::fs::write(dir.join("ca.crt"), decoded(&client["caBundle"])).unwrap();
+    let server = leasehold::controller::admission::Server::bind(leasehold::controller::admission::Admission {
+        addr: ([127, 0, 0, 1], 0).into(),
+        cert: dir.join("tls.crt"),
+        key: dir.join("tls.key"),
+        policy: Default::default(),
+    })
+    .await
+    .expect("the controller takes the chart's certificate and key");
+    let port = server.local_addr().port();
+    let _serving = tokio::spawn(server.run());
+    // As the API server calls it: by the Service's DNS name, trusting only caBundle.
+    let host = format!("{service}.{ns}.svc");
+    let review = serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u-1", "operation": "UPDATE", "name": "app-leader", "namespace": "apps",
+        "kind": {"group": "coordination.k8s.io", "version": "v1", "kind": "Lease"},
+        "resource": {"group": "coordination.k8s.io", "version": "v1", "resource": "leases"},
+        "userInfo": {"username": "system:serviceaccount:apps:leasehold-client"},
+        "object": {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "app-leader"}},
+        "oldObject": {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "app-leader"}}}});
+    let curl = tokio::process::Command::new("curl")
+        .args(["-sS", "--fail", "--cacert"])
+        .arg(dir.join("ca.crt"))
+        .arg("--resolve")
+        .arg(format!("{host}:{port}:127.0.0.1"))
+        .args([
+            "-H",
+            "content-type: application/json",
+            "--data-binary",
+            &review.to_string(),
+        ])
+        .arg(format!("https://{host}:{port}{path}"))
+        .output()
+        .await
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(curl.status.success(), "{}", String::from_utf8_lossy(&curl.stderr));
+    let answer: serde_json::Value = serde_json::from_slice(&curl.stdout).unwrap();
+    assert_eq!(answer["response"]["uid"], "u-1");
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
 }

@@ -3,6 +3,7 @@
 //!
 //! The binaries come from `scripts/provision-k8s.sh` (run by `scripts/test.sh`).
 
+mod admission;
 mod chart;
 mod cli;
 mod client;

@@ -73,3 +73,30 @@ policy/v1beta1
   verbs: ["get"]
 {{- end }}
 {{- end -}}
+
+{{/* The webhook's Service name. */}}
+{{- define "leasehold.admissionService" -}}
+{{- printf "%s-admission" (include "leasehold.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Where the client accounts are confined to claims (a NamespaceSelector as YAML), or nothing. */}}
+{{- define "leasehold.confineSelector" -}}
+{{- if .Values.admission.confineNamespaceSelector -}}
+{{- toYaml .Values.admission.confineNamespaceSelector -}}
+{{- else if .Values.clientRbac.namespaces -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: In
+    values: {{ toJson .Values.clientRbac.namespaces }}
+{{- end -}}
+{{- end -}}
+
+{{/* Where claims are judged: watchNamespace, or every namespace (a NamespaceSelector as YAML). */}}
+{{- define "leasehold.claimsSelector" -}}
+{{- if .Values.watchNamespace -}}
+matchLabels:
+  kubernetes.io/metadata.name: {{ .Values.watchNamespace }}
+{{- else -}}
+{}
+{{- end -}}
+{{- end -}}

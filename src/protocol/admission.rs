@@ -1,0 +1,363 @@
+//! What the optional admission webhook lets through (served by the controller, see
+//! `controller::admission`): defence in depth for the claim protocol, which stays safe
+//! without it ([`super::record`]: a client acts only on a grant whose record matches what
+//! it wrote). Pure: the request's operation, user and objects in, a verdict out.
+//!
+//! - **A claim's identity is fixed at creation.** Its lock label, pod
+//!   (`spec.holderIdentity`), pod UID, release hash, wait hash, wait lease and
+//!   requested-at time never change; its `spec.leaseDurationSeconds` never decreases;
+//!   a release mark, once set, stays as it is. A Lease becomes a claim only when it is
+//!   created as one (adding the lock label to another application's Lease would have
+//!   the controller's sweeper delete it once marked released).
+//! - **A claim is well-formed when created**: the checks the controller would otherwise
+//!   report in a `MalformedClaim` event ([`super::claim::validate_claim`]).
+//! - **Lock clients touch claims only.** A request by one of the client service
+//!   accounts ([`Policy::client_accounts`], in any namespace) may create, patch or
+//!   delete only Leases that are claims, so the client Role's `create/patch` on Leases
+//!   no longer reaches other applications' leader-election Leases.
+
+use std::fmt;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+
+use super::claim::{BadClaim, validate_claim};
+use super::{
+    LOCK_LABEL, POD_UID_ANNOTATION, RELEASE_HASH_ANNOTATION, RELEASED_ANNOTATION, RELEASED_LABEL,
+    REQUESTED_AT_ANNOTATION, WAIT_HASH_ANNOTATION, WAIT_LEASE_ANNOTATION,
+};
+
+/// The path the webhook is served on.
+pub const ADMISSION_PATH: &str = "/v1/admit-lease";
+
+/// The service account lock clients run as by default (`examples/rbac.yaml`, the
+/// chart's `clientRbac`).
+pub const CLIENT_ACCOUNT: &str = "leasehold-client";
+
+/// The annotations that name a claim's owner and its proofs: fixed at creation.
+const FIXED_ANNOTATIONS: [&str; 5] = [
+    POD_UID_ANNOTATION,
+    RELEASE_HASH_ANNOTATION,
+    WAIT_HASH_ANNOTATION,
+    WAIT_LEASE_ANNOTATION,
+    REQUESTED_AT_ANNOTATION,
+];
+
+/// What a request does to a Lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    /// Creates it.
+    Create,
+    /// Changes it (a patch or a replace).
+    Update,
+    /// Deletes it.
+    Delete,
+}
+
+/// Whom the rules confine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Names of the service accounts lock clients run as, in any namespace: their
+    /// requests may touch claims only.
+    pub client_accounts: Vec<String>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            client_accounts: vec![CLIENT_ACCOUNT.into()],
+        }
+    }
+}
+
+impl Policy {
+    /// Whether `user` (a request's `userInfo.username`) is one of the client accounts.
+    pub fn is_client(&self, user: &str) -> bool {
+        let account = user
+            .strip_prefix("system:serviceaccount:")
+            .and_then(|r| r.split_once(':'));
+        account.is_some_and(|(_, name)| self.client_accounts.iter().any(|a| a == name))
+    }
+}
+
+/// Why a request is refused; its text is what the requester reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// A client account wrote a Lease that is not a claim.
+    NotAClaim,
+    /// The lock label was added to a Lease created without it.
+    BecomesClaim,
+    /// A field fixed at creation changed.
+    Changed(String),
+    /// The claim's lease was lowered (or removed).
+    LeaseLowered {
+        /// The lease before.
+        from: i32,
+        /// The lease asked for (`None`: removed).
+        to: Option<i32>,
+    },
+    /// A claim is created malformed.
+    Malformed(BadClaim),
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::NotAClaim => write!(
+                f,
+                "leasehold: lock clients may write only claim Leases (labelled {LOCK_LABEL})"
+            ),
+            Refusal::BecomesClaim => write!(
+                f,
+                "leasehold: a Lease becomes a claim only when created as one: {LOCK_LABEL} cannot be added"
+            ),
+            Refusal::Changed(field) => write!(f, "leasehold: a claim's {field} is fixed at creation"),
+            Refusal::LeaseLowered { from, to } => match to {
+                Some(to) => write!(
+                    f,
+                    "leasehold: a claim's spec.leaseDurationSeconds may not decrease ({from} to {to})"
+                ),
+                None => write!(f, "leasehold: a claim's spec.leaseDurationSeconds may not be removed"),
+            },
+            Refusal::Malformed(bad) => write!(f, "leasehold: {}", bad.message()),
+        }
+    }
+}
+
+/// Judge a request by `user` that does `op` to a Lease, `old` as stored before (update,
+/// delete) and `new` as it would be stored (create, update).
+pub fn judge(
+    policy: &Policy,
+    op: Operation,
+    user: &str,
+    old: Option<&Lease>,
+    new: Option<&Lease>,
+) -> Result<(), Refusal> {
+    let was_claim = old.is_some_and(is_claim);
+    let is_claim_now = new.is_some_and(is_claim);
+    if policy.is_client(user) && !was_claim && !is_claim_now {
+        return Err(Refusal::NotAClaim);
+    }
+    match (op, old, new) {
+        (Operation::Create, _, Some(new)) if is_claim_now => {
+            validate_claim(new).map(|_| ()).map_err(Refusal::Malformed)
+        }
+        (Operation::Update, Some(old), Some(new)) if was_claim => unchanged(old, new),
+        (Operation::Update, Some(_), Some(_)) if is_claim_now => Err(Refusal::BecomesClaim),
+        _ => Ok(()),
+    }
+}
+
+/// Whether a Lease is a claim: it carries the lock label (any value: an emptied label
+/// is a change the rules judge).
+fn is_claim(lease: &Lease) -> bool {
+    lease.labels().contains_key(LOCK_LABEL)
+}
+
+/// Whether an update keeps what is fixed about the claim `old`.
+fn unchanged(old: &Lease, new: &Lease) -> Result<(), Refusal> {
+    let changed = |field: &str| Err(Refusal::Changed(field.to_string()));
+    if old.labels().get(LOCK_LABEL) != new.labels().get(LOCK_LABEL) {
+        return changed(&format!("label {LOCK_LABEL}"));
+    }
+    let holder = |l: &Lease| l.spec.as_ref().and_then(|s| s.holder_identity.clone());
+    if holder(old) != holder(new) {
+        return changed("spec.holderIdentity");
+    }
+    for key in FIXED_ANNOTATIONS {
+        if old.annotations().get(key) != new.annotations().get(key) {
+            return changed(&format!("annotation {key}"));
+        }
+    }
+    if let Some(mark) = old.annotations().get(RELEASED_ANNOTATION)
+        && new.annotations().get(RELEASED_ANNOTATION) != Some(mark)
+    {
+        return changed(&format!("annotation {RELEASED_ANNOTATION}, once set,"));
+    }
+    if let Some(mark) = old.labels().get(RELEASED_LABEL)
+        && new.labels().get(RELEASED_LABEL) != Some(mark)
+    {
+        return changed(&format!("label {RELEASED_LABEL}, once set,"));
+    }
+    let lease = |l: &Lease| l.spec.as_ref().and_then(|s| s.lease_duration_seconds);
+    match (lease(old), lease(new)) {
+        (Some(from), to) if to.is_none_or(|to| to < from) => Err(Refusal::LeaseLowered { from, to }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::super::claim::{PodIdentity, claim_lease_with, release_patch_with, renew_patch};
+    use super::super::release::Secret;
+    use super::*;
+
+    const CLIENT: &str = "system:serviceaccount:apps:leasehold-client";
+    const ADMIN: &str = "kubernetes-admin";
+
+    fn claim() -> Lease {
+        let pod = PodIdentity {
+            name: "p".into(),
+            namespace: "apps".into(),
+            uid: "u-1".into(),
+        };
+        claim_lease_with("l-1", "l", &pod, 15, Some(&Secret::generate()))
+    }
+
+    fn leader_lease() -> Lease {
+        let mut lease = Lease::default();
+        lease.metadata.name = Some("app-leader".into());
+        lease.spec = Some(Default::default());
+        lease
+    }
+
+    /// `lease` after a JSON merge patch, as the API server would store it.
+    fn patched(lease: &Lease, patch: serde_json::Value) -> Lease {
+        let mut doc = serde_json::to_value(lease).unwrap();
+        json_patch::merge(&mut doc, &patch);
+        serde_json::from_value(doc).unwrap()
+    }
+
+    fn update(user: &str, old: &Lease, patch: serde_json::Value) -> Result<(), Refusal> {
+        let new = patched(old, patch);
+        judge(&Policy::default(), Operation::Update, user, Some(old), Some(&new))
+    }
+
+    #[test]
+    fn the_client_s_own_writes_pass_renewal_and_release_alike() {
+        let c = claim();
+        let policy = Policy::default();
+        assert_eq!(judge(&policy, Operation::Create, CLIENT, None, Some(&c)), Ok(()));
+        assert_eq!(update(CLIENT, &c, renew_patch(Some("uid-1"))), Ok(()));
+        let released = patched(&c, release_patch_with("l", &Secret::generate()));
+        assert_eq!(update(CLIENT, &c, release_patch_with("l", &Secret::generate())), Ok(()));
+        assert_eq!(judge(&policy, Operation::Delete, CLIENT, Some(&released), None), Ok(()));
+        assert_eq!(
+            update(CLIENT, &c, serde_json::json!({"spec": {"leaseDurationSeconds": 60}})),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn each_fixed_field_of_a_claim_is_refused_by_name_whoever_asks() {
+        let c = claim();
+        for user in [CLIENT, ADMIN] {
+            for key in FIXED_ANNOTATIONS {
+                for value in [serde_json::Value::Null, "forged".into()] {
+                    let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
+                    assert_eq!(
+                        update(user, &c, patch),
+                        Err(Refusal::Changed(format!("annotation {key}"))),
+                        "{user} {key}"
+                    );
+                }
+            }
+            let unlabel = serde_json::json!({"metadata": {"labels": {LOCK_LABEL: null}}});
+            assert_eq!(
+                update(user, &c, unlabel),
+                Err(Refusal::Changed(format!("label {LOCK_LABEL}")))
+            );
+            let relabel = serde_json::json!({"metadata": {"labels": {LOCK_LABEL: "other"}}});
+            assert!(update(user, &c, relabel).is_err());
+            let pod = serde_json::json!({"spec": {"holderIdentity": "neighbour"}});
+            assert_eq!(
+                update(user, &c, pod),
+                Err(Refusal::Changed("spec.holderIdentity".into()))
+            );
+            let lower = serde_json::json!({"spec": {"leaseDurationSeconds": 1}});
+            assert_eq!(
+                update(user, &c, lower),
+                Err(Refusal::LeaseLowered { from: 15, to: Some(1) })
+            );
+            let remove = serde_json::json!({"spec": {"leaseDurationSeconds": null}});
+            assert_eq!(
+                update(user, &c, remove),
+                Err(Refusal::LeaseLowered { from: 15, to: None })
+            );
+        }
+    }
+
+    #[test]
+    fn a_release_mark_once_set_stays() {
+        let released = patched(&claim(), release_patch_with("l", &Secret::generate()));
+        let forged = serde_json::json!({"metadata": {"annotations": {RELEASED_ANNOTATION: "other"}}});
+        assert!(update(CLIENT, &released, forged).is_err());
+        let unmarked = serde_json::json!({"metadata": {"labels": {RELEASED_LABEL: null}}});
+        assert!(update(ADMIN, &released, unmarked).is_err());
+    }
+
+    #[test]
+    fn a_client_account_touches_no_lease_but_claims_and_others_touch_theirs_freely() {
+        let app = leader_lease();
+        let depose = serde_json::json!({"spec": {"holderIdentity": "neighbour"}});
+        let policy = Policy::default();
+        assert_eq!(update(CLIENT, &app, depose.clone()), Err(Refusal::NotAClaim));
+        assert_eq!(
+            judge(&policy, Operation::Create, CLIENT, None, Some(&app)),
+            Err(Refusal::NotAClaim)
+        );
+        assert_eq!(
+            judge(&policy, Operation::Delete, CLIENT, Some(&app), None),
+            Err(Refusal::NotAClaim)
+        );
+        assert_eq!(update("system:serviceaccount:apps:app", &app, depose), Ok(()));
+        let other = Policy {
+            client_accounts: vec!["locks".into()],
+        };
+        assert!(other.is_client("system:serviceaccount:x:locks"));
+        assert!(!other.is_client("system:serviceaccount:x:leasehold-client"));
+        assert!(!other.is_client("locks"));
+    }
+
+    #[test]
+    fn no_one_turns_a_lease_into_a_claim_after_creation() {
+        let app = leader_lease();
+        let label = serde_json::json!({"metadata": {"labels": {LOCK_LABEL: "l", RELEASED_LABEL: "true"}}});
+        assert_eq!(update(ADMIN, &app, label.clone()), Err(Refusal::BecomesClaim));
+        assert_eq!(update(CLIENT, &app, label), Err(Refusal::BecomesClaim));
+    }
+
+    #[test]
+    fn a_malformed_claim_is_refused_at_creation_with_the_controller_s_reason() {
+        let mut c = claim();
+        c.metadata.owner_references = None;
+        let refused = judge(&Policy::default(), Operation::Create, CLIENT, None, Some(&c));
+        assert_eq!(refused, Err(Refusal::Malformed(BadClaim::NoPodOwner)));
+        assert!(refused.unwrap_err().to_string().contains("ownerReference"));
+    }
+
+    proptest! {
+        /// Any merge patch of the fields a neighbour can reach is let through exactly when
+        /// it leaves a claim's identity as created and its lease not lower.
+        #[test]
+        fn a_patched_claim_passes_only_if_what_is_fixed_is_kept(
+            annotation in proptest::option::of((0..FIXED_ANNOTATIONS.len(), proptest::option::of("[a-z]{1,3}"))),
+            lease in proptest::option::of(proptest::option::of(-2..40i32)),
+            holder in proptest::option::of(proptest::option::of("[a-z]{1,2}")),
+            renew in any::<bool>(),
+        ) {
+            let c = claim();
+            let mut patch = serde_json::json!({});
+            let mut keeps = true;
+            if let Some((i, value)) = &annotation {
+                let key = FIXED_ANNOTATIONS[*i];
+                keeps &= c.annotations().get(key) == value.as_ref();
+                patch["metadata"]["annotations"] = serde_json::json!({key: value});
+            }
+            if let Some(l) = lease {
+                keeps &= l.is_some_and(|l| l >= 15);
+                patch["spec"]["leaseDurationSeconds"] = serde_json::json!(l);
+            }
+            if let Some(h) = &holder {
+                keeps &= h.as_deref() == Some("p");
+                patch["spec"]["holderIdentity"] = serde_json::json!(h);
+            }
+            if renew {
+                patch["spec"]["renewTime"] = serde_json::json!("2026-01-01T00:00:00.000000Z");
+            }
+            prop_assert_eq!(update(CLIENT, &c, patch.clone()).is_ok(), keeps, "{}", patch);
+        }
+    }
+}
