@@ -6,17 +6,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions, WatchStream,
+    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    WatchFilterType, WatchOptions, WatchStream,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::Error;
 use super::keys::{ClaimValue, claim_key, lock_prefix};
+use super::renew::{Etcd, EtcdRenewer, on_own_lease};
 use super::rules::{WakeOn, holds, wake_on};
 use crate::api::EtcdBackend;
-use crate::client::session::{Cadence, Release, Releaser, Renewal, Renewer, Session};
+use crate::client::session::{Cadence, Release, Releaser, Session};
 use crate::client::{LostReason, State};
 use crate::protocol::PodIdentity;
 use crate::protocol::claim::claim_name;
@@ -81,52 +82,6 @@ impl EtcdRelease {
     }
 }
 
-struct EtcdRenewer {
-    client: Client,
-    key: String,
-    lease_id: i64,
-    keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
-}
-
-impl Renewer for EtcdRenewer {
-    /// First a check that the key is still on this lease (sent first, so the renewal
-    /// counts from before any move by the controller), then a keep-alive.
-    async fn renew(&mut self) -> Renewal {
-        match self.client.txn(on_own_lease(&self.key, self.lease_id)).await {
-            Ok(r) if !r.succeeded() => return Renewal::Gone,
-            Ok(_) => {}
-            Err(e) => return Renewal::Failed(e.to_string()),
-        }
-        // The stream is taken out while its attempt is under way and put back only once
-        // the attempt has its answer: an attempt dropped at its timeout drops its stream
-        // with it, so a late answer to it can never pass for the next attempt's.
-        let (mut keeper, mut stream) = match self.keeper.take() {
-            Some(k) => k,
-            None => match self.client.lease_keep_alive(self.lease_id).await {
-                Ok(k) => k,
-                Err(e) => return Renewal::Failed(e.to_string()),
-            },
-        };
-        let answer = match keeper.keep_alive().await {
-            Ok(()) => stream.message().await,
-            Err(e) => Err(e),
-        };
-        match answer {
-            Ok(Some(r)) if r.ttl() > 0 => {
-                self.keeper = Some((keeper, stream));
-                Renewal::Renewed
-            }
-            Ok(Some(_)) => Renewal::Gone,
-            Ok(None) => Renewal::Failed("the keep-alive stream ended".into()),
-            Err(e) => Renewal::Failed(e.to_string()),
-        }
-    }
-}
-
-fn on_own_lease(key: &str, lease_id: i64) -> Txn {
-    Txn::new().when([Compare::lease(key, CompareOp::Equal, lease_id)])
-}
-
 /// Create a claim key for lock `name` (in the identity's namespace) and start its
 /// session. The key lives on a fresh lease of [`etcd_claim_ttl`].
 pub(crate) async fn create(
@@ -165,12 +120,11 @@ pub(crate) async fn create(
         key: key.clone(),
         lease_id,
     };
-    let renewer = EtcdRenewer {
+    let renewer = EtcdRenewer::new(Etcd {
         client: client.clone(),
         key: key.clone(),
         lease_id,
-        keeper: None,
-    };
+    });
     let (session, task) = Session::start(
         claim,
         lease,

@@ -38,6 +38,7 @@
 pub(crate) mod claim;
 pub mod connect;
 pub mod keys;
+pub(crate) mod renew;
 pub mod rules;
 
 pub use connect::{ENDPOINTS_ENV, TLS_DIR_ENV, connect, connect_with, tls_dir};
