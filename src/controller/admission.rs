@@ -2,17 +2,18 @@
 //! chart's `admission.enabled`), served over HTTPS by every replica, leader or not. It
 //! asks [`crate::protocol::admission`] about each request and answers the API server;
 //! it keeps no state. Connections are bounded as the client endpoints' are
-//! ([`super::listener`]), and a TLS handshake that does not finish within
-//! [`HANDSHAKE_TIMEOUT`] is dropped without holding up the others.
+//! ([`crate::controller::listener`]), a TLS handshake that does not finish within
+//! [`HANDSHAKE_TIMEOUT`] is dropped without holding up the others, and a renewed
+//! certificate is served from the next handshake on.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -21,15 +22,22 @@ use kube::core::DynamicObject;
 use kube::core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionReview};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
-use super::listener::{Bounded, Counted};
+use crate::controller::listener::{Bounded, Counted};
 use crate::protocol::admission::{ADMISSION_PATH, Operation, Policy, judge};
 
 /// How long a TLS handshake may take before its connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest AdmissionReview taken: the old and the new object of a Lease at the API
+/// server's largest object (1.5 MiB each), and room to spare. A smaller bound would let
+/// a neighbour who padded a claim have every review of it refused, and with
+/// `failurePolicy: Ignore` its next change go through unjudged.
+pub const MAX_REVIEW_BYTES: usize = 16 * 1024 * 1024;
 
 /// Where and how to serve the webhook.
 #[derive(Clone, Debug)]
@@ -71,7 +79,8 @@ impl Server {
     /// Load the certificate and bind the address: the errors a misconfigured
     /// deployment should crash on at start, not find out about at its first review.
     pub async fn bind(config: Admission) -> Result<Self, AdmissionError> {
-        let acceptor = TlsAcceptor::from(Arc::new(tls_config(&config.cert, &config.key)?));
+        let resolver = Reloading::load(config.cert.clone(), config.key.clone())?;
+        let acceptor = TlsAcceptor::from(Arc::new(tls_config(resolver)));
         let tcp = tokio::net::TcpListener::bind(config.addr)
             .await
             .map_err(|e| AdmissionError::Listen(config.addr, e))?;
@@ -96,7 +105,10 @@ impl Server {
 
 /// The webhook's one route.
 fn router(policy: Arc<Policy>) -> Router {
-    Router::new().route(ADMISSION_PATH, post(review)).with_state(policy)
+    Router::new()
+        .route(ADMISSION_PATH, post(review))
+        .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
+        .with_state(policy)
 }
 
 /// Answer one AdmissionReview of a Lease (400 for a body that is none).
@@ -146,17 +158,75 @@ fn answer(policy: &Policy, review: AdmissionReview<Lease>) -> AdmissionReview<Dy
     }
 }
 
-/// A TLS server configuration from PEM files.
-fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, AdmissionError> {
+/// A TLS server configuration that serves `resolver`'s certificate.
+fn tls_config(resolver: Reloading) -> rustls::ServerConfig {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(resolver))
+}
+
+/// A certificate and key read from PEM files, and read again at the next handshake
+/// after either file changed (the kubelet updates a mounted Secret in place; a
+/// re-issued certificate is served without a restart). A failed reload keeps the old.
+#[derive(Debug)]
+struct Reloading {
+    cert: PathBuf,
+    key: PathBuf,
+    loaded: Mutex<(Stamp, Arc<CertifiedKey>)>,
+}
+
+/// When the two files were last modified.
+type Stamp = (Option<SystemTime>, Option<SystemTime>);
+
+impl Reloading {
+    fn load(cert: PathBuf, key: PathBuf) -> Result<Self, AdmissionError> {
+        let stamp = stamp(&cert, &key);
+        let certified = certified_key(&cert, &key)?;
+        Ok(Reloading {
+            cert,
+            key,
+            loaded: Mutex::new((stamp, certified)),
+        })
+    }
+}
+
+impl ResolvesServerCert for Reloading {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let mut loaded = self.loaded.lock().expect("certificate lock poisoned");
+        let now = stamp(&self.cert, &self.key);
+        if now != loaded.0 {
+            match certified_key(&self.cert, &self.key) {
+                Ok(certified) => {
+                    tracing::info!(cert = %self.cert.display(), "serving the webhook's renewed certificate");
+                    *loaded = (now, certified);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reloading the webhook's certificate failed; serving the last one")
+                }
+            }
+        }
+        Some(loaded.1.clone())
+    }
+}
+
+fn stamp(cert: &Path, key: &Path) -> Stamp {
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    (modified(cert), modified(key))
+}
+
+/// The certificate chain and signing key from PEM files.
+fn certified_key(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, AdmissionError> {
     let chain = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .map_err(|e| AdmissionError::ReadCert(cert.to_path_buf(), e))?;
     let private = PrivateKeyDer::from_pem_file(key).map_err(|e| AdmissionError::ReadKey(key.to_path_buf(), e))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, private))
-        .map_err(AdmissionError::Tls)
+    let signing = rustls::crypto::ring::sign::any_supported_type(&private).map_err(AdmissionError::Tls)?;
+    let certified = CertifiedKey::new(chain, signing);
+    certified.keys_match().map_err(AdmissionError::Tls)?;
+    Ok(Arc::new(certified))
 }
 
 /// Accepts bounded TCP connections and hands on those whose TLS handshake finished;
@@ -286,7 +356,8 @@ mod tests {
 
     #[test]
     fn a_missing_certificate_is_an_error_naming_the_file() {
-        let e = tls_config(Path::new("/nonexistent/tls.crt"), Path::new("/nonexistent/tls.key")).unwrap_err();
+        let missing = |p: &str| PathBuf::from(p);
+        let e = Reloading::load(missing("/nonexistent/tls.crt"), missing("/nonexistent/tls.key")).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/tls.crt"), "{e}");
     }
 }

@@ -10,7 +10,13 @@
 //!   created as one (adding the lock label to another application's Lease would have
 //!   the controller's sweeper delete it once marked released).
 //! - **A claim is well-formed when created**: the checks the controller would otherwise
-//!   report in a `MalformedClaim` event ([`super::claim::validate_claim`]).
+//!   report in a `MalformedClaim` event ([`super::claim::validate_claim`]), under a name
+//!   its lock's clients make ([`super::claim::is_claim_name`]: nobody squats another
+//!   application's future Lease), without the fencing-token stamp of earlier controllers.
+//! - **Only its owner releases a claim**: a release mark (or the released label) added
+//!   must open the claim's release hash ([`super::release::judge`]); the ownerReference to
+//!   its Pod changes only by the garbage collector ([`GARBAGE_COLLECTORS`]), and the
+//!   fencing-token stamp is never added or changed.
 //! - **Lock clients touch claims only.** A request by one of the client service
 //!   accounts ([`Policy::client_accounts`], in any namespace) may create, patch or
 //!   delete only Leases that are claims, so the client Role's `create/patch` on Leases
@@ -21,10 +27,11 @@ use std::fmt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
-use super::claim::{BadClaim, validate_claim};
+use super::claim::{BadClaim, is_claim_name, validate_claim};
+use super::release::{self, Mark};
 use super::{
-    LOCK_LABEL, POD_UID_ANNOTATION, RELEASE_HASH_ANNOTATION, RELEASED_ANNOTATION, RELEASED_LABEL,
-    REQUESTED_AT_ANNOTATION, WAIT_HASH_ANNOTATION, WAIT_LEASE_ANNOTATION,
+    FENCING_TOKEN_ANNOTATION, LOCK_LABEL, POD_UID_ANNOTATION, RELEASE_HASH_ANNOTATION, RELEASED_ANNOTATION,
+    RELEASED_LABEL, REQUESTED_AT_ANNOTATION, WAIT_HASH_ANNOTATION, WAIT_LEASE_ANNOTATION,
 };
 
 /// The path the webhook is served on.
@@ -41,6 +48,14 @@ const FIXED_ANNOTATIONS: [&str; 5] = [
     WAIT_HASH_ANNOTATION,
     WAIT_LEASE_ANNOTATION,
     REQUESTED_AT_ANNOTATION,
+];
+
+/// The users the garbage collector writes as (kube-controller-manager with and without
+/// `--use-service-account-credentials`): they may drop a claim's ownerReference to its
+/// Pod (orphaning), which nobody else may change.
+pub const GARBAGE_COLLECTORS: [&str; 2] = [
+    "system:serviceaccount:kube-system:generic-garbage-collector",
+    "system:kube-controller-manager",
 ];
 
 /// What a request does to a Lease.
@@ -98,6 +113,14 @@ pub enum Refusal {
     },
     /// A claim is created malformed.
     Malformed(BadClaim),
+    /// A claim is created under a name its lock's clients never make (`<lock>-<12 hex
+    /// digits>`): it could squat the name of another application's future Lease.
+    BadName(String),
+    /// A release mark (or the released label) that does not open the claim's release
+    /// hash: anyone's but its owner's.
+    ForgedMark,
+    /// The fencing-token stamp of earlier controllers, which only they wrote.
+    Stamped,
 }
 
 impl fmt::Display for Refusal {
@@ -120,6 +143,18 @@ impl fmt::Display for Refusal {
                 None => write!(f, "leasehold: a claim's spec.leaseDurationSeconds may not be removed"),
             },
             Refusal::Malformed(bad) => write!(f, "leasehold: {}", bad.message()),
+            Refusal::BadName(name) => write!(
+                f,
+                "leasehold: claim name {name:?} is not <lock>-<12 hex digits>, as clients name their claims"
+            ),
+            Refusal::ForgedMark => write!(
+                f,
+                "leasehold: a release mark ({RELEASED_ANNOTATION}, and the label {RELEASED_LABEL} with it) must open the claim's {RELEASE_HASH_ANNOTATION}: only its owner releases it"
+            ),
+            Refusal::Stamped => write!(
+                f,
+                "leasehold: {FENCING_TOKEN_ANNOTATION} is written by controllers only, never added or changed"
+            ),
         }
     }
 }
@@ -139,10 +174,8 @@ pub fn judge(
         return Err(Refusal::NotAClaim);
     }
     match (op, old, new) {
-        (Operation::Create, _, Some(new)) if is_claim_now => {
-            validate_claim(new).map(|_| ()).map_err(Refusal::Malformed)
-        }
-        (Operation::Update, Some(old), Some(new)) if was_claim => unchanged(old, new),
+        (Operation::Create, _, Some(new)) if is_claim_now => created(new),
+        (Operation::Update, Some(old), Some(new)) if was_claim => unchanged(user, old, new),
         (Operation::Update, Some(_), Some(_)) if is_claim_now => Err(Refusal::BecomesClaim),
         _ => Ok(()),
     }
@@ -154,8 +187,45 @@ fn is_claim(lease: &Lease) -> bool {
     lease.labels().contains_key(LOCK_LABEL)
 }
 
-/// Whether an update keeps what is fixed about the claim `old`.
-fn unchanged(old: &Lease, new: &Lease) -> Result<(), Refusal> {
+/// Whether a claim is created as its lock's clients create one.
+fn created(new: &Lease) -> Result<(), Refusal> {
+    validate_claim(new).map_err(Refusal::Malformed)?;
+    let (name, lock) = (
+        new.name_any(),
+        new.labels().get(LOCK_LABEL).cloned().unwrap_or_default(),
+    );
+    if !is_claim_name(&name, &lock) {
+        return Err(Refusal::BadName(name));
+    }
+    if new.annotations().contains_key(FENCING_TOKEN_ANNOTATION) {
+        return Err(Refusal::Stamped);
+    }
+    marked_by_owner(None, new)
+}
+
+/// Whether a release mark or label that `new` adds to `old` opens the claim's hash (a
+/// claim made without one is released with `"true"`).
+fn marked_by_owner(old: Option<&Lease>, new: &Lease) -> Result<(), Refusal> {
+    let had = |l: &Lease, label: bool| match label {
+        true => l.labels().contains_key(RELEASED_LABEL),
+        false => l.annotations().contains_key(RELEASED_ANNOTATION),
+    };
+    let adds = |label| had(new, label) && !old.is_some_and(|o| had(o, label));
+    let valid = release::judge(new, release::claim_hash(new).as_deref()) == Mark::Valid;
+    if (adds(false) || adds(true)) && !valid {
+        return Err(Refusal::ForgedMark);
+    }
+    Ok(())
+}
+
+/// The Pods a claim names as its owners (name and UID).
+fn owner_pods(lease: &Lease) -> Vec<(&str, &str)> {
+    let pods = lease.owner_references().iter().filter(|o| o.kind == "Pod");
+    pods.map(|o| (o.name.as_str(), o.uid.as_str())).collect()
+}
+
+/// Whether an update by `user` keeps what is fixed about the claim `old`.
+fn unchanged(user: &str, old: &Lease, new: &Lease) -> Result<(), Refusal> {
     let changed = |field: &str| Err(Refusal::Changed(field.to_string()));
     if old.labels().get(LOCK_LABEL) != new.labels().get(LOCK_LABEL) {
         return changed(&format!("label {LOCK_LABEL}"));
@@ -169,6 +239,14 @@ fn unchanged(old: &Lease, new: &Lease) -> Result<(), Refusal> {
             return changed(&format!("annotation {key}"));
         }
     }
+    if owner_pods(old) != owner_pods(new) && !GARBAGE_COLLECTORS.contains(&user) {
+        return changed("ownerReference to its Pod");
+    }
+    let stamp = |l: &Lease| l.annotations().get(FENCING_TOKEN_ANNOTATION).cloned();
+    if stamp(new).is_some() && stamp(new) != stamp(old) {
+        return Err(Refusal::Stamped);
+    }
+    marked_by_owner(Some(old), new)?;
     if let Some(mark) = old.annotations().get(RELEASED_ANNOTATION)
         && new.annotations().get(RELEASED_ANNOTATION) != Some(mark)
     {
@@ -190,20 +268,26 @@ fn unchanged(old: &Lease, new: &Lease) -> Result<(), Refusal> {
 mod tests {
     use proptest::prelude::*;
 
-    use super::super::claim::{PodIdentity, claim_lease_with, release_patch_with, renew_patch};
+    use super::super::claim::{PodIdentity, claim_lease_with, claim_name, release_patch_with, renew_patch};
     use super::super::release::Secret;
     use super::*;
 
     const CLIENT: &str = "system:serviceaccount:apps:leasehold-client";
     const ADMIN: &str = "kubernetes-admin";
 
-    fn claim() -> Lease {
+    /// A claim as the client makes it, and its release secret.
+    fn claim_and_secret() -> (Lease, Secret) {
         let pod = PodIdentity {
             name: "p".into(),
             namespace: "apps".into(),
             uid: "u-1".into(),
         };
-        claim_lease_with("l-1", "l", &pod, 15, Some(&Secret::generate()))
+        let secret = Secret::generate();
+        (claim_lease_with(&claim_name("l"), "l", &pod, 15, Some(&secret)), secret)
+    }
+
+    fn claim() -> Lease {
+        claim_and_secret().0
     }
 
     fn leader_lease() -> Lease {
@@ -227,12 +311,17 @@ mod tests {
 
     #[test]
     fn the_client_s_own_writes_pass_renewal_and_release_alike() {
-        let c = claim();
+        let (c, secret) = claim_and_secret();
         let policy = Policy::default();
         assert_eq!(judge(&policy, Operation::Create, CLIENT, None, Some(&c)), Ok(()));
         assert_eq!(update(CLIENT, &c, renew_patch(Some("uid-1"))), Ok(()));
-        let released = patched(&c, release_patch_with("l", &Secret::generate()));
-        assert_eq!(update(CLIENT, &c, release_patch_with("l", &Secret::generate())), Ok(()));
+        let released = patched(&c, release_patch_with("l", &secret));
+        assert_eq!(update(CLIENT, &c, release_patch_with("l", &secret)), Ok(()));
+        assert_eq!(
+            update(CLIENT, &released, release_patch_with("l", &secret)),
+            Ok(()),
+            "a release retried"
+        );
         assert_eq!(judge(&policy, Operation::Delete, CLIENT, Some(&released), None), Ok(()));
         assert_eq!(
             update(CLIENT, &c, serde_json::json!({"spec": {"leaseDurationSeconds": 60}})),
@@ -280,8 +369,68 @@ mod tests {
     }
 
     #[test]
+    fn only_the_owner_s_secret_marks_a_claim_released() {
+        let (c, secret) = claim_and_secret();
+        assert_eq!(
+            update(CLIENT, &c, release_patch_with("l", &Secret::generate())),
+            Err(Refusal::ForgedMark)
+        );
+        let plain = serde_json::json!({"metadata": {"annotations": {RELEASED_ANNOTATION: "true"}}});
+        assert_eq!(update(ADMIN, &c, plain), Err(Refusal::ForgedMark));
+        let label = serde_json::json!({"metadata": {"labels": {RELEASED_LABEL: "true"}}});
+        assert_eq!(
+            update(CLIENT, &c, label),
+            Err(Refusal::ForgedMark),
+            "the sweeper would delete it"
+        );
+        assert_eq!(update(CLIENT, &c, release_patch_with("l", &secret)), Ok(()));
+        // A claim made without a hash (an older client) is released with "true".
+        let mut old = c.clone();
+        old.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .remove(RELEASE_HASH_ANNOTATION);
+        let plain = serde_json::json!({"metadata": {"annotations": {RELEASED_ANNOTATION: "true"}}});
+        assert_eq!(update(CLIENT, &old, plain), Ok(()));
+    }
+
+    #[test]
+    fn a_claim_s_pod_reference_and_stamp_stay_as_made_but_the_garbage_collector_may_orphan_it() {
+        let c = claim();
+        let orphan = serde_json::json!({"metadata": {"ownerReferences": []}});
+        let repoint = serde_json::json!({"metadata": {"ownerReferences": [
+            {"apiVersion": "v1", "kind": "Pod", "name": "x", "uid": "00000000-0000-0000-0000-000000000000"}]}});
+        assert_eq!(
+            update(CLIENT, &c, repoint),
+            Err(Refusal::Changed("ownerReference to its Pod".into()))
+        );
+        assert!(update(ADMIN, &c, orphan.clone()).is_err());
+        assert_eq!(update(GARBAGE_COLLECTORS[0], &c, orphan), Ok(()));
+        let stamp = serde_json::json!({"metadata": {"annotations": {FENCING_TOKEN_ANNOTATION: "1"}}});
+        assert_eq!(update(CLIENT, &c, stamp.clone()), Err(Refusal::Stamped));
+        let stamped = patched(&c, stamp);
+        let unstamp = serde_json::json!({"metadata": {"annotations": {FENCING_TOKEN_ANNOTATION: null}}});
+        assert_eq!(update(CLIENT, &stamped, unstamp), Ok(()), "a stamp may go");
+        let policy = Policy::default();
+        assert_eq!(
+            judge(&policy, Operation::Create, CLIENT, None, Some(&stamped)),
+            Err(Refusal::Stamped)
+        );
+    }
+
+    #[test]
+    fn a_claim_is_created_only_under_a_name_its_lock_s_clients_make() {
+        let mut squat = claim();
+        squat.metadata.name = Some("app-leader".into());
+        let refused = judge(&Policy::default(), Operation::Create, CLIENT, None, Some(&squat));
+        assert_eq!(refused, Err(Refusal::BadName("app-leader".into())));
+    }
+
+    #[test]
     fn a_release_mark_once_set_stays() {
-        let released = patched(&claim(), release_patch_with("l", &Secret::generate()));
+        let (c, secret) = claim_and_secret();
+        let released = patched(&c, release_patch_with("l", &secret));
         let forged = serde_json::json!({"metadata": {"annotations": {RELEASED_ANNOTATION: "other"}}});
         assert!(update(CLIENT, &released, forged).is_err());
         let unmarked = serde_json::json!({"metadata": {"labels": {RELEASED_LABEL: null}}});

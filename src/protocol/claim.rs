@@ -35,6 +35,16 @@ pub fn claim_name(lock: &str) -> String {
     format!("{}-{suffix}", head.trim_end_matches(['-', '.']))
 }
 
+/// Whether `name` is one [`claim_name`] makes for `lock`: `<head>-<12 hex digits>`, the
+/// head a start of the lock's name.
+pub fn is_claim_name(name: &str, lock: &str) -> bool {
+    let Some((head, suffix)) = name.rsplit_once('-') else {
+        return false;
+    };
+    let hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+    !head.is_empty() && lock.starts_with(head) && suffix.len() == 12 && suffix.bytes().all(hex)
+}
+
 /// The claim Lease a process creates to ask for `lock`, without a release proof (it
 /// then releases with `"true"`): see [`claim_lease_with`].
 pub fn claim_lease(name: &str, lock: &str, pod: &PodIdentity, lease_duration_seconds: i32) -> Lease {
@@ -268,6 +278,25 @@ mod tests {
         assert_eq!(set("999999"), Some(Duration::from_secs(MAX_LEASE_SECONDS as u64)));
         assert_eq!(set("-4"), Some(Duration::ZERO));
         assert_eq!(set("soon"), None);
+    }
+
+    #[test]
+    fn every_made_claim_name_is_one_and_other_names_are_not() {
+        for lock in [
+            "l",
+            "a-b.c",
+            &"x".repeat(63),
+            "ends-with-dash-",
+            &format!("{}-y", "z".repeat(49)),
+        ] {
+            let name = claim_name(lock);
+            assert!(is_claim_name(&name, lock), "{name} for {lock}");
+            assert!(name.len() <= 63, "{name}");
+        }
+        assert!(!is_claim_name("app-leader", "app"));
+        assert!(!is_claim_name("l-0123456789AB", "l"), "upper case");
+        assert!(!is_claim_name("m-0123456789ab", "l"), "another lock's");
+        assert!(!is_claim_name("-0123456789ab", "l"));
     }
 
     #[test]
