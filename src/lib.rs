@@ -65,6 +65,9 @@ pub mod cli;
 pub mod dev;
 #[cfg(feature = "cli")]
 #[doc(hidden)]
+pub mod show;
+#[cfg(feature = "cli")]
+#[doc(hidden)]
 pub mod supervise;
 #[cfg(feature = "cli")]
 #[doc(hidden)]

@@ -302,7 +302,7 @@ impl Lock {
         max_holders: i32,
         mode: &Mode,
     ) -> Result<Option<Guard>, Error> {
-        use crate::etcd::claim::{Waited, create};
+        use super::etcd::claim::{Waited, create};
         let (mut claim, session, renewal) = create(&backend, &self.name, &self.identity, secs, max_holders).await?;
         // If this future is dropped from here on, the claim is withdrawn.
         let mut withdraw = Withdraw(Some(session.clone()));

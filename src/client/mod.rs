@@ -32,6 +32,8 @@
 //! ```
 
 mod direct;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 mod guard;
 mod lock;
 mod notice;

@@ -97,7 +97,8 @@ pub(crate) enum Release {
         notice_target: std::sync::Mutex<Option<super::notice::NoticeTarget>>,
     },
     /// Give the claim up through the backend that keeps it (the etcd backend: revoke
-    /// its lease).
+    /// its lease). Only another backend makes one.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     Backend(Box<dyn Releaser>),
 }
 

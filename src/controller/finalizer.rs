@@ -22,8 +22,8 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action as Requeue;
 
-use super::context::Context;
 use crate::api::{DistributedLock, DistributedLockStatus};
+use crate::controller::context::Context;
 
 /// How soon a deleted lock found still [occupied](crate::decide::occupied) at its retirement is looked at
 /// again (its reconcile requeues itself for the hold-back's end; this is a backstop).
@@ -93,7 +93,7 @@ fn finalizers_patch(lock: &DistributedLock, on: bool) -> serde_json::Value {
 /// Put the finalizer on `current` before anything is granted. Returns whether the lock
 /// is still there; `current` becomes the lock as written (or re-read after a conflict).
 pub async fn ensure(
-    written: &super::written::Written,
+    written: &crate::controller::cache::written::Written,
     api: &Api<DistributedLock>,
     current: &mut DistributedLock,
 ) -> Result<bool, Error> {

@@ -16,9 +16,9 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::routing::{get, post};
 
-use super::direct::Told;
-use super::metrics::{CONTENT_TYPE, Metrics};
-use super::notices::Notices;
+use crate::controller::k8s::direct::Told;
+use crate::controller::k8s::notices::Notices;
+use crate::controller::metrics::{CONTENT_TYPE, Metrics};
 use crate::protocol::grant::{GRANT_PATH, MAX_WAIT_BYTES, SIGNATURE_HEADER, TOKEN_HEADER, WaitFor};
 use crate::protocol::notice::{
     MAX_NOTICE_BYTES, NOTICE_PATH, Notice, WRITTEN_HEADER, WRITTEN_SIGNATURE_HEADER, WRITTEN_VALUE,
@@ -32,7 +32,7 @@ pub async fn serve(
     notices: Arc<Notices>,
     probes_apart: bool,
 ) -> std::io::Result<()> {
-    let listener = super::listener::Bounded::new(tokio::net::TcpListener::bind(addr).await?);
+    let listener = crate::controller::listener::Bounded::new(tokio::net::TcpListener::bind(addr).await?);
     let routes = if probes_apart {
         tracing::info!(%addr, "serving release notices and direct grants");
         client_router(metrics, notices)

@@ -13,10 +13,11 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
-use super::context::Context;
-use super::tracker::Tracker;
-use super::{Metrics, Options, apply, observe, reconcile};
+use super::{Metrics, Options, reconcile};
 use crate::api::DistributedLock;
+use crate::controller::cache::tracker::Tracker;
+use crate::controller::context::Context;
+use crate::controller::k8s::observe;
 use crate::protocol;
 
 /// How many locks are reconciled at once. Unbounded, a start-up over 1,000 locks ran
@@ -30,7 +31,7 @@ pub(super) async fn run_leader(
     client: Client,
     opts: &Options,
     metrics: Arc<Metrics>,
-    notices: Arc<super::notices::Notices>,
+    notices: Arc<crate::controller::k8s::notices::Notices>,
 ) {
     let tracker = Arc::new(Mutex::new(Tracker::default()));
     let recorder = Recorder::new(
@@ -46,9 +47,9 @@ pub(super) async fn run_leader(
     let (etcd_trigger, etcd_triggers) = tokio::sync::mpsc::unbounded_channel();
     // The scheduler's own triggers: etcd mirrors' changes, and prompts beyond the limit.
     let scheduled = etcd_trigger.clone();
-    let mirrors = Arc::new(super::etcd::Mirrors::new(client.clone(), etcd_trigger));
+    let mirrors = Arc::new(super::etcd::mirror::Mirrors::new(client.clone(), etcd_trigger));
     let mirrored = mirrors.clone();
-    let written = Arc::new(super::written::Written::default());
+    let written = Arc::new(crate::controller::cache::written::Written::default());
     let own = written.clone();
     // A deleted lock is never reconciled: its metric series and etcd mirror go as the
     // watch shows it. (As in `Controller::new`, the trigger backoff paces this watch.)
@@ -66,9 +67,9 @@ pub(super) async fn run_leader(
     let config = kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES);
     let controller = Controller::for_stream(locks, lock_store.clone()).with_config(config);
 
-    let claims = Arc::new(super::claims::ClaimIndex::default());
-    let (prompter, prompts) = super::prompt::Prompter::new();
-    let tombstones = Arc::new(super::sweep::Tombstones::default());
+    let claims = Arc::new(crate::controller::k8s::claims::ClaimIndex::default());
+    let (prompter, prompts) = crate::controller::prompt::Prompter::new();
+    let tombstones = Arc::new(crate::controller::k8s::sweep::Tombstones::default());
     let (t, index, buried, noticed) = (tracker.clone(), claims.clone(), tombstones.clone(), notices.clone());
     let (statuses, wrote, prompt) = (lock_store.clone(), written.clone(), prompter.clone());
     let leases = watcher(
@@ -104,7 +105,7 @@ pub(super) async fn run_leader(
         }
     })
     .touched_objects();
-    let pod_index = Arc::new(super::pods::PodIndex::default());
+    let pod_index = Arc::new(crate::controller::cache::pods::PodIndex::default());
     let (t, index) = (tracker.clone(), pod_index.clone());
     let (by_pod, prompt) = (claims.clone(), prompter.clone());
     let pods = watcher(opts.api::<Pod>(&client), watcher::Config::default())
@@ -130,25 +131,27 @@ pub(super) async fn run_leader(
     let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);
     let ctx = Arc::new(Context {
         client: client.clone(),
-        leases: lease_store.clone(),
-        claims: claims.clone(),
         pods: pod_index.clone(),
         tracker,
         recorder,
         event_budget: Default::default(),
-        warning_budget: super::budget::Budget::warnings(Instant::now()),
+        warning_budget: crate::controller::budget::Budget::warnings(Instant::now()),
         metrics: metrics.clone(),
         written,
-        tombstones,
-        sweeper: Arc::new(super::sweep::Sweeper::new(client.clone())),
-        mirrors,
         synced: synced_rx,
         turns: Default::default(),
-        notices: notices.clone(),
-        release_url: opts.release_url.clone(),
+        k8s: crate::controller::k8s::state::State {
+            leases: lease_store.clone(),
+            claims: claims.clone(),
+            tombstones,
+            sweeper: Arc::new(crate::controller::k8s::sweep::Sweeper::new(client.clone())),
+            notices: notices.clone(),
+            release_url: opts.release_url.clone(),
+        },
+        etcd: mirrors,
     });
     notices.lead(lock_store.clone(), ctx.written.clone(), prompter.clone());
-    let _prompts = super::Helper::spawn(super::prompt::Prompter::serve(
+    let _prompts = super::Helper::spawn(reconcile::serve_prompts(
         prompts,
         lock_store.clone(),
         ctx.clone(),
@@ -196,7 +199,7 @@ pub(super) async fn run_leader(
 }
 
 /// Reconcile at once the lock claim `lease` asks for (see [`super::prompt`]).
-fn prompt_for_claim(prompter: &super::prompt::Prompter, lease: &Lease) {
+fn prompt_for_claim(prompter: &crate::controller::prompt::Prompter, lease: &Lease) {
     if let (Some(ns), Some(lock)) = (lease.namespace(), protocol::claim::claim_lock(lease)) {
         prompter.prompt(ObjectRef::new(lock).within(&ns));
     }
@@ -218,7 +221,11 @@ where
 /// Whether the status of the lock a claim asks for still names it, as a holder or a
 /// waiter, as cached or as this controller last wrote it: only then is its deletion
 /// news the lock must decide on.
-fn named_in_status(locks: &Store<DistributedLock>, written: &super::written::Written, lease: &Lease) -> bool {
+fn named_in_status(
+    locks: &Store<DistributedLock>,
+    written: &crate::controller::cache::written::Written,
+    lease: &Lease,
+) -> bool {
     let (Some(ns), Some(lock)) = (lease.namespace(), protocol::claim::claim_lock(lease)) else {
         return false;
     };
@@ -248,7 +255,7 @@ fn lock_of_claim(
                 "no DistributedLock {} in namespace {ns}; the claim waits until it is created",
                 lock.name
             );
-            apply::publish_warnings(ctx, &[(Arc::new(lease.clone()), "LockNotFound", note)]);
+            crate::controller::events::publish_warnings(ctx, &[(Arc::new(lease.clone()), "LockNotFound", note)]);
         }
     }
     Some(lock)
@@ -258,7 +265,7 @@ fn lock_of_claim(
 fn locks_of_pod(
     pod: &Pod,
     locks: &Store<DistributedLock>,
-    claims: &super::claims::ClaimIndex,
+    claims: &crate::controller::k8s::claims::ClaimIndex,
 ) -> Vec<ObjectRef<DistributedLock>> {
     let (Some(ns), name) = (pod.namespace(), pod.name_any()) else {
         return Vec::new();

@@ -1,7 +1,7 @@
 //! `leasehold controller`: the operator.
 //!
 //! Pipeline per lock: **observe** (reflector stores of claim Leases and slim Pods, plus
-//! the [`tracker::Tracker`]'s monotonic clock) → **decide** ([`crate::decide`], pure) →
+//! the [`cache::tracker::Tracker`]'s monotonic clock) → **decide** ([`crate::decide`], pure) →
 //! **apply** (status write with a resourceVersion precondition, then events and claim
 //! deletion). A deleted lock revokes its holders and goes once they have stopped
 //! ([`finalizer`]).
@@ -9,27 +9,22 @@
 //! transitions requeue at the next deadline.
 
 pub mod admission;
-mod apply;
-pub mod budget;
-pub mod claims;
-pub mod context;
-pub mod direct;
-pub mod etcd;
-pub mod finalizer;
+pub(crate) mod backend;
+pub(crate) mod budget;
+pub(crate) mod cache;
+pub(crate) mod context;
+pub(crate) mod error;
+pub(crate) mod etcd;
+pub(crate) mod events;
+pub(crate) mod finalizer;
 mod http;
+pub(crate) mod k8s;
+mod leader;
 mod listener;
 pub mod metrics;
-pub mod notices;
-pub mod observe;
-pub mod pods;
-pub mod prompt;
-pub mod reconcile;
-pub mod relisted;
-pub mod strays;
-pub mod sweep;
-pub mod tracker;
-mod watches;
-pub mod written;
+pub(crate) mod prompt;
+pub(crate) mod reconcile;
+pub(crate) mod status;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -156,15 +151,19 @@ impl Drop for Helper {
 /// Run the controller until `shutdown` completes. Dropping the future stops it too.
 pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), ControllerError> {
     let metrics = Arc::new(Metrics::default());
-    let notices = Arc::new(notices::Notices::new(opts.notice_wait));
+    let notices = Arc::new(k8s::notices::Notices::new(opts.notice_wait));
     let probes_apart = opts.probe_addr.is_some();
-    let _admission = match opts.admission.clone() {
-        Some(config) => {
-            let server = admission::Server::bind(config)
-                .await
-                .map_err(ControllerError::Admission)?;
-            Some(Helper::spawn(server.run()))
-        }
+    // A certificate that cannot be read stops the controller at start; an address in
+    // use (another replica on the same host network) is logged, as for HTTP.
+    let _admission = match opts.admission.clone().map(admission::Server::bind) {
+        Some(bound) => match bound.await {
+            Ok(server) => Some(Helper::spawn(server.run())),
+            Err(e @ admission::AdmissionError::Listen(..)) => {
+                tracing::error!(error = %e, "serving the admission webhook failed");
+                None
+            }
+            Err(e) => return Err(ControllerError::Admission(e)),
+        },
         None => None,
     };
     let _http = opts.http_addr.map(|addr| {
@@ -187,7 +186,7 @@ pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = (
         None => {
             metrics.set_leader(true); // the only replica
             tokio::select! {
-                _ = async { wait_for_crd(client.clone()).await; watches::run_leader(client.clone(), &opts, metrics.clone(), notices.clone()).await } => Ok(()),
+                _ = async { wait_for_crd(client.clone()).await; leader::run_leader(client.clone(), &opts, metrics.clone(), notices.clone()).await } => Ok(()),
                 _ = shutdown => Ok(()),
             }
         }
@@ -215,7 +214,7 @@ async fn run_elected(
     opts: &Options,
     ns: &str,
     metrics: Arc<Metrics>,
-    notices: Arc<notices::Notices>,
+    notices: Arc<k8s::notices::Notices>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ControllerError> {
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), LEADER_LEASE)
@@ -240,7 +239,7 @@ async fn run_elected(
             tracing::info!(identity = opts.identity, "leading: reconciling");
             metrics.set_leader(true);
             tokio::select! {
-                _ = watches::run_leader(client.clone(), opts, metrics.clone(), notices.clone()) => {}
+                _ = leader::run_leader(client.clone(), opts, metrics.clone(), notices.clone()) => {}
                 _ = async { while *leading.borrow_and_update() { if leading.changed().await.is_err() { break } } } => {
                     tracing::warn!("lost leadership: stopping reconciles");
                 }

@@ -1,5 +1,5 @@
 //! Reconciling a lock at once on news that can free one of its slots: a claim marked
-//! released, a release notice ([`super::notices`]), a claim deleted while its lock's
+//! released, a release notice ([`crate::controller::k8s::notices`]), a claim deleted while its lock's
 //! status names it, a pod deleted.
 //!
 //! kube-runtime's scheduler runs a triggered reconcile when its delay queue next ticks:
@@ -20,7 +20,6 @@ use std::sync::Arc;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::context::Context;
 use crate::api::DistributedLock;
 
 /// How many stripes [`Turns`] has: locks sharing one take turns needlessly, which at
@@ -52,7 +51,8 @@ impl Turns {
 pub struct Prompter(mpsc::UnboundedSender<ObjectRef<DistributedLock>>);
 
 impl Prompter {
-    /// A prompter whose prompts go nowhere until [`Prompter::serve`] takes them.
+    /// A prompter whose prompts go nowhere until [`serve`](super::reconcile::serve_prompts)
+    /// takes them.
     pub fn new() -> (Self, mpsc::UnboundedReceiver<ObjectRef<DistributedLock>>) {
         let (tx, rx) = mpsc::unbounded_channel();
         (Prompter(tx), rx)
@@ -62,30 +62,12 @@ impl Prompter {
     pub fn prompt(&self, lock: ObjectRef<DistributedLock>) {
         let _ = self.0.send(lock); // the controller is stopping
     }
-
-    /// Run the prompted reconciles of the locks `store` holds, until the senders go;
-    /// prompts beyond [`MAX_PROMPTS`] at once go to `scheduled`, the scheduler's triggers.
-    /// The reconciles it started end with it (dropped, like the scheduled ones when the
-    /// controller stops), so none runs on for a controller that stopped leading.
-    pub async fn serve(
-        prompts: mpsc::UnboundedReceiver<ObjectRef<DistributedLock>>,
-        store: Store<DistributedLock>,
-        ctx: Arc<Context>,
-        scheduled: mpsc::UnboundedSender<ObjectRef<DistributedLock>>,
-    ) {
-        let mut running = tokio::task::JoinSet::new();
-        route(prompts, store, scheduled, move |lock, permit| {
-            while running.try_join_next().is_some() {} // reap the finished
-            running.spawn(prompted(lock, ctx.clone(), permit));
-        })
-        .await
-    }
 }
 
 /// Route each prompt of a cached lock: to `run` with a permit while one of
 /// [`MAX_PROMPTS`] is free, else to `scheduled`. (A lock not cached is left to the
 /// scheduled reconcile, which waits for it too.)
-async fn route(
+pub(crate) async fn route(
     mut prompts: mpsc::UnboundedReceiver<ObjectRef<DistributedLock>>,
     store: Store<DistributedLock>,
     scheduled: mpsc::UnboundedSender<ObjectRef<DistributedLock>>,
@@ -100,13 +82,6 @@ async fn route(
                 let _ = scheduled.send(lock); // the controller is stopping
             }
         }
-    }
-}
-
-async fn prompted(lock: Arc<DistributedLock>, ctx: Arc<Context>, _permit: OwnedSemaphorePermit) {
-    // Errors and requeues are the scheduled reconcile's, which follows.
-    if let Err(e) = super::reconcile::reconcile(lock, ctx).await {
-        tracing::debug!(error = %e, "prompted reconcile failed; the scheduled one follows");
     }
 }
 

@@ -105,7 +105,7 @@ async fn print_changes(locks: Api<DistributedLock>) {
         if last.as_ref() != Some(&key) {
             println!(
                 "\n$ leasehold status demo -n demo\n{}",
-                crate::cli::status::table(&lock, jiff::Timestamp::now())
+                crate::show::table(&lock, jiff::Timestamp::now())
             );
             last = Some(key);
         }

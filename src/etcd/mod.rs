@@ -35,10 +35,8 @@
 //! [`timing::etcd_claim_ttl`]: crate::protocol::timing::etcd_claim_ttl
 //! [`timing::etcd_hold_back_ttl`]: crate::protocol::timing::etcd_hold_back_ttl
 
-pub(crate) mod claim;
 pub mod connect;
 pub mod keys;
-pub(crate) mod renew;
 pub mod rules;
 
 pub use connect::{ENDPOINTS_ENV, TLS_DIR_ENV, connect, connect_with, tls_dir};

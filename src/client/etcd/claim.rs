@@ -12,13 +12,13 @@ use etcd_client::{
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::Error;
-use super::keys::{ClaimValue, claim_key, lock_prefix};
 use super::renew::{Etcd, EtcdRenewer, on_own_lease};
-use super::rules::{WakeOn, holds, wake_on};
 use crate::api::EtcdBackend;
 use crate::client::session::{Cadence, Release, Releaser, Session};
 use crate::client::{LostReason, State};
+use crate::etcd::Error;
+use crate::etcd::keys::{ClaimValue, claim_key, lock_prefix};
+use crate::etcd::rules::{WakeOn, holds, wake_on};
 use crate::protocol::PodIdentity;
 use crate::protocol::claim::claim_name;
 use crate::protocol::timing::{etcd_claim_ttl, renew_timeout};
@@ -92,7 +92,7 @@ pub(crate) async fn create(
     max_holders: i32,
 ) -> Result<(Claim, Arc<Session>, JoinHandle<()>), Error> {
     let lease = Duration::from_secs(lease_secs.max(1) as u64);
-    let mut client = super::connect(backend, renew_timeout(lease)).await?;
+    let mut client = crate::etcd::connect(backend, renew_timeout(lease)).await?;
     let ns = &identity.namespace;
     let claim = claim_name(name);
     let key = claim_key(backend, ns, name, &claim);

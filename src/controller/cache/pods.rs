@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 
-use super::relisted::Relisted;
-use super::tracker::pod_stopped;
+use crate::controller::cache::relisted::Relisted;
+use crate::controller::cache::tracker::pod_stopped;
 use crate::decide::PodView;
 
 /// Pods by (namespace, name); feed it every pod-watch event with [`PodIndex::apply`].

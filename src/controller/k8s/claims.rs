@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::watcher::Event;
 
-use super::relisted::Relisted;
+use crate::controller::cache::relisted::Relisted;
 use crate::protocol::claim;
 
 /// (namespace, name).

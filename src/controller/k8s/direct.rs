@@ -5,7 +5,7 @@
 //! refuses, and stepping down answers every waiting successor with a refusal, so a
 //! successor never waits on a replica that will not grant. A wait is answered after
 //! [`WAIT_LIMIT`] at the latest, so an abandoned one is not kept for ever. Only the
-//! designated claim's owner may wait (checked by [`super::notices::Notices::may_wait`]
+//! designated claim's owner may wait (checked by [`crate::controller::k8s::notices::Notices::may_wait`]
 //! before a wait is taken), so nobody else can hold its waits or fill this replica's.
 
 use std::collections::HashMap;

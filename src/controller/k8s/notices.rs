@@ -21,10 +21,10 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::watch;
 
-use super::direct::Told;
-use super::prompt::Prompter;
-use super::written::Written;
 use crate::api::DistributedLock;
+use crate::controller::cache::written::Written;
+use crate::controller::k8s::direct::Told;
+use crate::controller::prompt::Prompter;
 use crate::protocol::RELEASED_ANNOTATION;
 use crate::protocol::grant::WaitFor;
 use crate::protocol::grant::WrittenRelease;
@@ -116,7 +116,7 @@ pub struct Notices {
     /// Counts status writes, so a waiting answer looks again after each.
     writes: watch::Sender<u64>,
     /// The successors waiting to be told of their grant.
-    pub successors: super::direct::Successors,
+    pub successors: crate::controller::k8s::direct::Successors,
 }
 
 // === impl Notices ===
@@ -162,7 +162,8 @@ impl Notices {
 
     /// Judge a notice, and if it is valid, have its lock reconciled and wait (up to
     /// [`NOTICE_WAIT`], or the wait it was made with) for the status write that
-    /// records the release.
+    /// records the release. (The endpoint uses [`Notices::take_signed`].)
+    #[cfg(test)]
     pub async fn take(&self, notice: &Notice) -> Answer {
         self.judge(notice).await.0
     }
@@ -291,7 +292,7 @@ impl Notices {
 
     /// `lease` as if its client had marked it released, when it has a notice: how a
     /// noticed claim deleted before its lock decided on it is remembered (see
-    /// [`super::sweep::Tombstones`]).
+    /// [`crate::controller::k8s::sweep::Tombstones`]).
     pub fn as_marked(&self, lease: &Lease) -> Option<Lease> {
         let ns = lease.namespace()?;
         let taken = self.taken.lock().expect("notices lock poisoned");

@@ -11,9 +11,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use super::context::Context;
-use super::tracker::Tracker;
 use crate::api::{DistributedLock, DistributedLockStatus, Holder};
+use crate::controller::cache::tracker::Tracker;
+use crate::controller::context::Context;
 use crate::decide::{ClaimView, Decision, World, decide};
 use crate::protocol::claim;
 use crate::protocol::record::{self, Tampered, Written};
@@ -58,7 +58,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     // state, release mark and all (see `sweep`).
     // Claims this controller deleted as expired count as such until status drops them,
     // whatever the store still shows.
-    let buried = ctx.tombstones.of_lock(&ns, &name, now);
+    let buried = ctx.k8s.tombstones.of_lock(&ns, &name, now);
     let expired_gone: BTreeSet<String> = buried.iter().filter(|(_, e)| *e).map(|(l, _)| l.name_any()).collect();
     leases.retain(|l| !expired_gone.contains(&l.name_any()));
     let live: BTreeSet<String> = leases.iter().map(|l| l.name_any()).collect();
@@ -119,7 +119,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
             now >= expires
         };
         let recorded = recorded_hash(lease_obj, &status);
-        let noticed = ctx.notices.proves(&ns, &name_of, recorded.as_deref());
+        let noticed = ctx.k8s.notices.proves(&ns, &name_of, recorded.as_deref());
         let view = claim_view(lease_obj, (pod, uid), expired, noticed.is_some(), recorded, &tracker);
         if view.forged {
             let note = "the claim's release mark does not match its release hash: written by someone \
@@ -275,10 +275,11 @@ fn changed_since_recorded(
 /// The claims of one lock: the index names them, the store holds them.
 pub fn claims_of(ctx: &Context, lock: &DistributedLock) -> Vec<Arc<Lease>> {
     let (ns, name) = (lock.namespace().unwrap_or_default(), lock.name_any());
-    ctx.claims
+    ctx.k8s
+        .claims
         .of_lock(&ns, &name)
         .into_iter()
-        .filter_map(|claim| ctx.leases.get(&ObjectRef::new(&claim).within(&ns)))
+        .filter_map(|claim| ctx.k8s.leases.get(&ObjectRef::new(&claim).within(&ns)))
         .filter(|l| claim::claim_lock(l) == Some(name.as_str()))
         // Being deleted (its renewals are no renewals to its client): no claim.
         .filter(|l| l.metadata.deletion_timestamp.is_none())

@@ -20,8 +20,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use super::claims::delete_as_read;
-use super::tracker::Tracker;
+use crate::controller::cache::tracker::Tracker;
+use crate::controller::k8s::claims::delete_as_read;
 
 /// Errors looking up a stray claim, each naming the action that failed.
 #[derive(Debug, thiserror::Error)]

@@ -20,7 +20,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 
-use super::written::Written;
+use crate::controller::cache::written::Written;
 use crate::protocol::claim::{claim_lock, has_release_mark};
 use crate::protocol::{LOCK_LABEL, RELEASED_LABEL};
 
@@ -115,6 +115,7 @@ impl Tombstones {
     }
 
     /// Whether no claim is remembered (a lock's list goes with its last claim).
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.0.lock().expect("tombstones lock poisoned").is_empty()
     }
