@@ -68,11 +68,66 @@ pub fn max_queue(spec: &crate::api::DistributedLockSpec) -> usize {
 /// How many refused claims the status lists for their clients, in arrival order.
 pub const MAX_REFUSED_LISTED: usize = 16;
 
+#[cfg(test)]
+mod explore;
 mod model;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
 mod tests;
+
+/// Bugs this project once had, put back one at a time by the exhaustive explorer's
+/// mutation test (`explore`), which must find each: a switch that is always off outside
+/// `cargo test`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) enum Mutant {
+    /// A pod object gone is taken as its processes stopped (no kubelet report needed).
+    PodGoneAsStopped,
+    /// A forged release mark counts as the owner's release.
+    ForgedAsReleased,
+    /// A claim deleted by someone else frees its holder's slot at once.
+    DeletedClaimFreesAtOnce,
+    /// A designated successor that may have been told of its grant is dropped like a
+    /// waiter, not held back like a holder.
+    SuccessorNotFenced,
+    /// A deleted lock is let go while a revoked holder's slot is still held back.
+    LetGoWithSlotHeldBack,
+    /// A re-created lock's tokens start afresh, not above the old lock's.
+    NoTokenEpoch,
+    /// New claims are queued in reverse arrival order.
+    LifoQueue,
+}
+
+#[cfg(test)]
+thread_local! {
+    static MUTANT: std::cell::Cell<Option<Mutant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Put `m` back (tests only) until the returned guard goes.
+#[cfg(test)]
+pub(crate) fn mutate(m: Mutant) -> impl Drop {
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            MUTANT.with(|c| c.set(None));
+        }
+    }
+    MUTANT.with(|c| c.set(Some(m)));
+    Restore
+}
+
+/// Whether mutant `m` is on: never outside `cargo test`.
+#[inline]
+fn mutant(m: Mutant) -> bool {
+    #[cfg(test)]
+    return MUTANT.with(|c| c.get() == Some(m));
+    #[cfg(not(test))]
+    {
+        let _ = m;
+        false
+    }
+}
 
 /// How a claim's pod stands: the one rule, shared by both backends, for when a claim's
 /// process has certainly stopped.
@@ -96,7 +151,7 @@ pub fn pod_liveness(pods: &BTreeMap<String, PodView>, stopped_pods: &StoppedPods
         Some(_) => RevokeReason::PodReplaced,
         None => RevokeReason::PodGone,
     };
-    if stopped_pods.contains(uid) {
+    if stopped_pods.contains(uid) || (reason == RevokeReason::PodGone && mutant(Mutant::PodGoneAsStopped)) {
         Liveness::Stopped(reason)
     } else {
         Liveness::Unknown(reason)
@@ -144,6 +199,9 @@ fn waiter_lease(world: &World<'_>, w: &Waiter) -> Option<i32> {
 /// Whether `status` still names a holder (revoked or not) or a successor: a process
 /// that may run under the lock. A closing lock may be let go only once it names none.
 pub fn occupied(status: &DistributedLockStatus) -> bool {
+    if mutant(Mutant::LetGoWithSlotHeldBack) {
+        return status.holders.iter().any(|h| h.revoked.is_none()) || status.successor.is_some();
+    }
     !status.holders.is_empty() || status.successor.is_some()
 }
 
@@ -167,6 +225,7 @@ pub fn decide(world: &World<'_>) -> Decision {
     // before epochs existed keeps counting from them.
     let epoch = match world.status.fencing_token_epoch {
         Some(epoch) => epoch,
+        None if world.status.fencing_token == 0 && mutant(Mutant::NoTokenEpoch) => 0,
         None if world.status.fencing_token == 0 => world.token_floor.max(0),
         None => 0,
     };
@@ -285,7 +344,7 @@ enum Judgement {
 
 /// Judge a grant by its claim (absent: deleted) and its pod.
 fn judge_grant(claim: Option<&ClaimView>, live: Liveness) -> Judgement {
-    if claim.is_some_and(|c| c.released) {
+    if claim.is_some_and(|c| c.released || (c.forged && mutant(Mutant::ForgedAsReleased))) {
         return Judgement::Released;
     }
     let expired = claim.is_some_and(|c| c.expired);
@@ -295,7 +354,8 @@ fn judge_grant(claim: Option<&ClaimView>, live: Liveness) -> Judgement {
         // The claim expired: its process stopped itself before we could judge so.
         Liveness::Unknown(r) => Judgement::Revoke(r, !expired),
         Liveness::Alive if claim.is_none() || (forged && !expired) => {
-            Judgement::Revoke(RevokeReason::ForceReleased, true)
+            let held_back = !(claim.is_none() && mutant(Mutant::DeletedClaimFreesAtOnce));
+            Judgement::Revoke(RevokeReason::ForceReleased, held_back)
         }
         Liveness::Alive if expired => Judgement::Revoke(RevokeReason::Expired, false),
         Liveness::Alive => Judgement::Keep,
@@ -337,7 +397,7 @@ fn decide_successor<'w>(
     if claim.is_some() && reason != RevokeReason::LockDeleted {
         d.delete_claims.push(w.claim.clone());
     }
-    if !held_back {
+    if !held_back || mutant(Mutant::SuccessorNotFenced) {
         let why = dropped_for(reason);
         d.actions.push(Action::new(&w.claim, &w.pod, ActionKind::Dropped(why)));
         return (None, None);
@@ -408,6 +468,9 @@ fn decide_queue<'w>(
         .filter(|c| !known.contains(c.name.as_str()))
         .collect();
     new.sort_by(|a, b| (a.arrival, &a.name).cmp(&(b.arrival, &b.name)));
+    if mutant(Mutant::LifoQueue) {
+        new.reverse();
+    }
     // Set once a new claim waits for its pod to be seen: younger claims keep their
     // places behind it (they are neither queued nor refused yet).
     let mut behind_unseen_pod = false;

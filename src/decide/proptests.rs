@@ -8,10 +8,10 @@ use proptest::prelude::*;
 use super::tests::{Fixture, lock};
 use super::*;
 
-const PODS: usize = 4;
+pub(super) const PODS: usize = 4;
 
 #[derive(Clone, Debug)]
-enum Event {
+pub(super) enum Event {
     /// A process in pod i asks for the lock.
     Claim(usize),
     /// The process behind the j-th claim ever made releases (or withdraws) it.
@@ -73,7 +73,7 @@ fn event() -> impl Strategy<Value = Event> {
 }
 
 /// The model's view of one process that was granted the lock.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Process {
     claim: String,
     uid: String,
@@ -81,7 +81,8 @@ struct Process {
     stopped: bool,
 }
 
-struct Model {
+#[derive(Clone)]
+pub(super) struct Model {
     f: Fixture,
     /// Every claim name ever made, in arrival order.
     made: Vec<String>,
@@ -99,7 +100,7 @@ struct Model {
 }
 
 impl Model {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         let mut f = lock();
         for i in 0..PODS {
             f.pods.insert(
@@ -183,7 +184,7 @@ impl Model {
         );
     }
 
-    fn apply(&mut self, e: &Event) {
+    pub(super) fn apply(&mut self, e: &Event) {
         match *e {
             Event::Claim(i) => {
                 let name = format!("c{}", self.made.len());
@@ -423,7 +424,92 @@ impl Model {
     }
 }
 
-fn pod(i: usize) -> String {
+impl Model {
+    /// Every event that can change this model, within `pods` pods, `claims` claims and
+    /// lock sizes up to `max_holders` (what the exhaustive explorer tries in each state).
+    pub(super) fn enabled(&self, pods: usize, claims: usize, max_holders: i32) -> Vec<Event> {
+        let mut out = vec![Event::Decide];
+        if self.made.len() < claims {
+            out.extend(
+                (0..pods)
+                    .filter(|i| self.f.pods.contains_key(&pod(*i)))
+                    .map(Event::Claim),
+            );
+        }
+        for (j, name) in self.made.iter().enumerate() {
+            let Some(c) = self.f.claims.iter().find(|c| &c.name == name) else {
+                continue; // deleted: events on it change nothing
+            };
+            if !c.released && !c.expired {
+                out.extend([Event::Release(j), Event::Expire(j)]);
+            }
+            if !c.forged {
+                out.push(Event::ForgeRelease(j));
+            }
+            out.push(Event::ForceDelete(j));
+            let revoked = self
+                .f
+                .status
+                .holders
+                .iter()
+                .any(|h| &h.claim == name && h.revoked.is_some());
+            if revoked && !self.f.elapsed.contains(name) {
+                out.push(Event::HoldBackElapses(j));
+            }
+        }
+        for i in (0..pods).filter(|i| self.f.pods.contains_key(&pod(*i))) {
+            for (gc, graceful) in [(false, false), (false, true), (true, false), (true, true)] {
+                out.push(Event::PodDies { pod: i, gc, graceful });
+            }
+            out.extend([false, true].map(|graceful| Event::PodReplaced { pod: i, graceful }));
+            if !self.f.pods[&pod(i)].finished {
+                out.push(Event::PodFinishes(i));
+            }
+        }
+        out.extend(
+            (1..=max_holders)
+                .filter(|n| *n != self.f.spec.max_holders)
+                .map(Event::SetMaxHolders),
+        );
+        // A direct grant from each distinct world decided in so far, and from now.
+        let mut seen = BTreeSet::new();
+        for (k, w) in self.history.iter().enumerate() {
+            if w.status.successor.is_some() && seen.insert(format!("{w:?}")) {
+                out.push(Event::DirectGrant(k));
+            }
+        }
+        if self.f.status.successor.is_some() {
+            out.push(Event::DirectGrant(self.history.len()));
+        }
+        if self.f.closing {
+            out.push(Event::Recreate);
+        } else {
+            out.push(Event::Delete);
+        }
+        out
+    }
+
+    /// What the model's future depends on, as one string: two models with the same key
+    /// behave alike under every sequence of events (the worlds decided in so far count as
+    /// a set, for a direct grant may come from any of them; of the grants' arrivals only
+    /// the last, which the next grant's must exceed).
+    pub(super) fn key(&self) -> String {
+        let history: BTreeSet<String> = self.history.iter().map(|w| format!("{w:?}")).collect();
+        format!(
+            "{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}",
+            self.f,
+            self.made,
+            self.generation,
+            self.granted,
+            self.last_token,
+            self.grant_arrivals.last(),
+            self.quit,
+            history
+        )
+    }
+}
+
+pub(super) fn pod(i: usize) -> String {
     format!("p{i}")
 }
 

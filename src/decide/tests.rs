@@ -7,7 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::{DistributedLockSpec, Holder};
 
 /// A lock plus its observed world, built up step by step.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(super) struct Fixture {
     pub spec: DistributedLockSpec,
     pub status: DistributedLockStatus,
