@@ -76,8 +76,9 @@ pub struct Server {
 }
 
 impl Server {
-    /// Load the certificate and bind the address: the errors a misconfigured
-    /// deployment should crash on at start, not find out about at its first review.
+    /// Load the certificate and bind the address, so a certificate that cannot be read
+    /// is found at start, not at the first review (the controller stops on it; an
+    /// address in use, [`AdmissionError::Listen`], it only logs).
     pub async fn bind(config: Admission) -> Result<Self, AdmissionError> {
         let resolver = Reloading::load(config.cert.clone(), config.key.clone())?;
         let acceptor = TlsAcceptor::from(Arc::new(tls_config(resolver)));

@@ -25,7 +25,7 @@ pub(crate) const BACKENDS: &[&dyn Backend] = &[&crate::controller::etcd::Etcd, &
 #[instrument(skip_all, fields(namespace = lock.namespace().unwrap_or_default(), lock = lock.name_any()))]
 pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let started = Instant::now();
-    let owner = ctx.clone(); // the turn outlives `ctx`, which the etcd path takes
+    let owner = ctx.clone(); // the turn outlives `ctx`, which the backend takes
     let _turn = owner
         .turns
         .of(&kube::runtime::reflector::ObjectRef::from_obj(lock.as_ref()))
@@ -42,14 +42,21 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         return Ok(crate::controller::finalizer::retire(&ctx, &lock).await?);
     }
     let at = ObjectRef::from_obj(lock.as_ref());
-    let backend = BACKENDS
-        .iter()
-        .find(|b| b.serves(&lock))
-        .expect("the Kubernetes backend serves every lock the others do not");
-    for other in BACKENDS.iter().filter(|b| !std::ptr::addr_eq(**b, *backend)) {
+    let chosen = serving(&lock);
+    for (_, other) in BACKENDS.iter().enumerate().filter(|(i, _)| *i != chosen) {
         other.forget(&at, &ctx);
     }
+    let backend = BACKENDS[chosen];
     backend.reconcile(lock, ctx, started).await
+}
+
+/// The index in [`BACKENDS`] of the backend that serves `lock`: the first that does
+/// (by index: the backends are zero-sized, so their references cannot tell them apart).
+fn serving(lock: &DistributedLock) -> usize {
+    BACKENDS
+        .iter()
+        .position(|b| b.serves(lock))
+        .expect("the Kubernetes backend serves every lock the others do not")
 }
 
 /// Count the error and retry soon.
@@ -82,5 +89,26 @@ async fn prompted(lock: Arc<DistributedLock>, ctx: Arc<Context>, _permit: OwnedS
     // Errors and requeues are the scheduled reconcile's, which follows.
     if let Err(e) = reconcile(lock, ctx).await {
         tracing::debug!(error = %e, "prompted reconcile failed; the scheduled one follows");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::DistributedLockSpec;
+
+    #[test]
+    fn each_lock_is_served_by_one_backend_and_the_other_forgets_it() {
+        let kube = DistributedLock::new("l", DistributedLockSpec::default());
+        let etcd_spec = DistributedLockSpec {
+            backend: serde_json::from_value(serde_json::json!({"etcd": {"endpoints": ["http://127.0.0.1:2379"]}}))
+                .unwrap(),
+            ..Default::default()
+        };
+        let etcd = DistributedLock::new("l", etcd_spec);
+        let (k, e) = (serving(&kube), serving(&etcd));
+        assert_ne!(k, e, "a lock on etcd and one on Leases are served apart");
+        assert!(BACKENDS[k].serves(&kube) && !BACKENDS[e].serves(&kube));
+        assert!(BACKENDS[e].serves(&etcd) && !BACKENDS[k].serves(&etcd));
     }
 }

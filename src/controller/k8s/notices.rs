@@ -113,7 +113,8 @@ pub struct Notices {
     wait: Duration,
     leader: Mutex<Option<Leader>>,
     taken: Mutex<HashMap<(String, String), (Instant, String)>>,
-    /// Counts status writes, so a waiting answer looks again after each.
+    /// Counts the status writes of Lease-backed locks (and forgotten notices), so a
+    /// waiting answer looks again after each.
     writes: watch::Sender<u64>,
     /// The successors waiting to be told of their grant.
     pub successors: crate::controller::k8s::direct::Successors,
@@ -168,7 +169,9 @@ impl Notices {
         self.judge(notice).await.0
     }
 
-    /// [`Notices::take`], and for a written answer its signature by this replica's
+    /// Judge a notice (a valid one has its lock reconciled and waits, up to the notice
+    /// wait, for the status write that records the release), and for a written answer
+    /// its signature by this replica's
     /// grant key ([`WrittenRelease`]), which the client checks before it skips its mark.
     pub async fn take_signed(&self, notice: &Notice) -> (Answer, Option<String>) {
         let (answer, lock_uid) = self.judge(notice).await;

@@ -11,6 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
+use super::sweep::Tombstone;
 use crate::api::{DistributedLock, DistributedLockStatus, Holder};
 use crate::controller::cache::tracker::Tracker;
 use crate::controller::context::Context;
@@ -20,6 +21,9 @@ use crate::protocol::record::{self, Tampered, Written};
 use crate::protocol::release::{self, Mark};
 use crate::protocol::timing::MAX_LEASE_SECONDS;
 
+/// A Warning event to publish on a claim: (claim, reason, note).
+pub type Warning = (Arc<Lease>, &'static str, String);
+
 /// What one decision plans, with when to look again.
 pub struct Plan {
     /// The decide core's outcome.
@@ -27,7 +31,7 @@ pub struct Plan {
     /// The next time-based transition (expiry, end of a hold-back), if any.
     pub next_deadline: Option<Instant>,
     /// Warning events to publish on claims (each claim's first only): (claim, reason, note).
-    pub warnings: Vec<(Arc<Lease>, &'static str, String)>,
+    pub warnings: Vec<Warning>,
     /// How many of the lock's claims are rejected now (invalid, forged, or naming no
     /// live pod); a note on an odd lease is no rejection.
     pub rejected: usize,
@@ -40,128 +44,28 @@ pub struct Plan {
     pub strays: Vec<String>,
 }
 
-/// Observe the stores and the tracker, and decide.
+/// Observe the stores and the tracker, and decide: the claims in view
+/// ([`in_view`]), each judged ([`judge_claims`]), the revoked holders whose hold-back is
+/// over ([`hold_backs_over`]), the decision on that world, then what it leaves to look
+/// up or to wait for ([`after_decision`]) and the warnings worth an event ([`warnings`]).
 pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
-    let ns = lock.namespace().unwrap_or_default();
-    let name = lock.name_any();
+    let at = (lock.namespace().unwrap_or_default(), lock.name_any());
+    let (ns, name) = (at.0.as_str(), at.1.as_str());
     let lease = Duration::from_secs(lock.spec.lease_duration_seconds.max(1) as u64);
     let status = lock.status.clone().unwrap_or_default();
     let mut tracker = ctx.tracker.lock().expect("tracker lock poisoned");
-    let mut deadlines = Vec::new();
-    let mut claims = Vec::new();
-    let mut warnings = Vec::new();
-    let mut released_seen = Vec::new();
-    let mut expired_claims = Vec::new();
-    let mut strays = Vec::new();
-    let mut leases = claims_of(ctx, lock);
-    // Claims swept after their release before this lock decided on them: their last
-    // state, release mark and all (see `sweep`).
-    // Claims this controller deleted as expired count as such until status drops them,
-    // whatever the store still shows.
-    let buried = ctx.k8s.tombstones.of_lock(&ns, &name, now);
-    let expired_gone: BTreeSet<String> = buried.iter().filter(|(_, e)| *e).map(|(l, _)| l.name_any()).collect();
-    leases.retain(|l| !expired_gone.contains(&l.name_any()));
-    let live: BTreeSet<String> = leases.iter().map(|l| l.name_any()).collect();
-    let gone: Vec<Arc<Lease>> = buried
-        .into_iter()
-        .map(|(l, _)| l)
-        .filter(|l| !live.contains(&l.name_any()))
-        .collect();
-    let gone_names: BTreeSet<String> = gone.iter().map(|l| l.name_any()).collect();
-    leases.extend(gone);
-    for lease_obj in &leases {
-        let (pod, uid) = match claim::validate_claim(lease_obj) {
-            Ok(ok) => ok,
-            Err(bad) => {
-                warnings.push((lease_obj.clone(), "InvalidClaim", bad.message().to_string()));
-                continue;
-            }
-        };
-        if let Some(problem) = claim::lease_problem(lease_obj) {
-            warnings.push((lease_obj.clone(), "ClaimLease", problem));
-        }
-        // A holder lives by the lease recorded at its grant, whatever its claim says now
-        // (a neighbour may patch the claim): never judge it by less.
-        let name_of = lease_obj.name_any();
-        if let Some(field) = changed_since_recorded(lease_obj, (&pod, &uid), &status) {
-            let note = format!(
-                "the claim's {} was changed after the lock recorded it (by someone other than its \
-                 process, who may patch Leases here): the record stands, the change is ignored",
-                field.field()
-            );
-            warnings.push((lease_obj.clone(), "ClaimTampered", note));
-        }
-        let holder = status.holders.iter().find(|h| h.claim == name_of);
-        let recorded = holder.and_then(|h| h.lease_duration_seconds).unwrap_or(0);
-        let own = claim::claim_lease_duration(lease_obj)
-            .max(Duration::from_secs(recorded.clamp(0, MAX_LEASE_SECONDS) as u64));
-        // A waiter (queued or new) lives by its wait lease, a holder by its lease.
-        let own = match claim::claim_wait_lease(lease_obj) {
-            Some(wait) if holder.is_none() => own.max(wait),
-            _ => own,
-        };
-        let expired = if expired_gone.contains(&name_of) {
-            true // deleted by this controller as expired
-        } else if gone_names.contains(&name_of) {
-            false // released, and gone: nothing left to expire
-        } else if holder.is_some_and(|h| h.revoked.is_some()) {
-            // A revoked holder's slot passes by its hold-back, not by its claim's expiry:
-            // its claim is neither read afresh nor deleted (that would restart the hold-back).
-            tracker.observe(lease_obj, now);
-            false
-        } else {
-            let expires = tracker.expires_at(lease_obj, lease, own, now);
-            if now >= expires {
-                expired_claims.push(lease_obj.clone());
-            } else {
-                deadlines.push(expires);
-            }
-            now >= expires
-        };
-        let recorded = recorded_hash(lease_obj, &status);
-        let noticed = ctx.k8s.notices.proves(&ns, &name_of, recorded.as_deref());
-        let view = claim_view(lease_obj, (pod, uid), expired, noticed.is_some(), recorded, &tracker);
-        if view.forged {
-            let note = "the claim's release mark does not match its release hash: written by someone \
-                        other than its process; a holder is revoked with its slot held back, a waiter is dropped";
-            warnings.push((lease_obj.clone(), "ForgedRelease", note.to_string()));
-        }
-        if view.released {
-            let seen = noticed.unwrap_or_else(|| tracker.released_at(lease_obj));
-            released_seen.push((view.name.clone(), seen));
-        }
-        claims.push(view);
-    }
-    let pod_names = claims.iter().map(|c| c.pod.as_str());
-    let pod_names = pod_names.chain(status.holders.iter().map(|h| h.pod.as_str()));
+    let seen = in_view(claims_of(ctx, lock), ctx.k8s.tombstones.of_lock(ns, name, now));
+    let noticed = |claim: &str, hash: Option<&str>| ctx.k8s.notices.proves(ns, claim, hash);
+    let mut judged = judge_claims(&seen, &status, lease, noticed, &mut tracker, now);
+    let elapsed = hold_backs_over(&seen, &status, (ns, name), lease, &mut tracker, now, &mut judged);
+    let names = judged.claims.iter().map(|c| c.pod.as_str());
+    let names = names.chain(status.holders.iter().map(|h| h.pod.as_str()));
     let pods = ctx
         .pods
-        .views(&ns, pod_names.chain(status.queue.iter().map(|w| w.pod.as_str())));
+        .views(ns, names.chain(status.queue.iter().map(|w| w.pod.as_str())));
     let uids = status.holders.iter().map(|h| h.pod_uid.as_str());
-    let uids = uids.chain(claims.iter().map(|c| c.pod_uid.as_str()));
+    let uids = uids.chain(judged.claims.iter().map(|c| c.pod_uid.as_str()));
     let stopped_pods = uids.filter(|uid| tracker.pod_stopped(uid)).map(String::from).collect();
-    let mut elapsed = BTreeSet::new();
-    for h in status.holders.iter().filter(|h| h.revoked.is_some()) {
-        let renewed = renewed_at(&leases, &tracker, &h.claim);
-        let ends = tracker.hold_back_ends(&ns, &name, &h.claim, holder_lease(lease, h), renewed, now);
-        if now >= ends {
-            // A claim still there (a deleted lock keeps its revoked holders' claims for
-            // their releases) may have been renewed unseen, behind a stalled watch: the
-            // end is confirmed like an expiry, by a fresh read and a deletion under it.
-            let released = claims.iter().any(|c| c.name == h.claim && c.released);
-            let there = leases
-                .iter()
-                .find(|l| l.name_any() == h.claim && !gone_names.contains(&h.claim));
-            if let Some(l) = there.filter(|_| !released) {
-                expired_claims.push(l.clone());
-            } else if !released && !gone_names.contains(&h.claim) && !tracker.stray_gone(&ns, &name, &h.claim) {
-                continue; // out of view and not looked up yet: a stray (below)
-            }
-            elapsed.insert(h.claim.clone());
-        } else {
-            deadlines.push(ends);
-        }
-    }
     let wall = Timestamp::now();
     let created = lock
         .metadata
@@ -171,7 +75,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     let world = World {
         spec: &lock.spec,
         status: &status,
-        claims: &claims,
+        claims: &judged.claims,
         pods: &pods,
         stopped_pods: &stopped_pods,
         hold_back_elapsed: &elapsed,
@@ -182,54 +86,248 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     let mut decision = decide(&world);
     if let Some(at) = decision.recheck_at {
         let wait = at.as_microsecond().saturating_sub(wall.as_microsecond()).max(0);
-        deadlines.push(now + Duration::from_micros(wait as u64));
+        judged.deadlines.push(now + Duration::from_micros(wait as u64));
     }
-    decision.delete_claims.retain(|c| !gone_names.contains(c)); // deleted already
-    let deleting = |c: &str| decision.delete_claims.iter().any(|d| d == c) || ctx.written.deleting(&ns, c);
+    decision.delete_claims.retain(|c| !seen.gone.contains(c)); // deleted already
+    let deleting = |c: &str| decision.delete_claims.iter().any(|d| d == c) || ctx.written.deleting(ns, c);
     decision.status.refused = crate::decide::refusals(&decision.ignored, deleting);
-    let revoked: BTreeSet<String> = decision
-        .status
-        .holders
-        .iter()
-        .filter(|h| h.revoked.is_some())
-        .map(|h| h.claim.clone())
-        .collect();
-    for h in decision.status.holders.iter().filter(|h| h.revoked.is_some()) {
-        // Out of view, yet maybe still there (its lock label removed or changed by
-        // someone who may patch Leases, and renewed by its holder all along), or gone
-        // at a moment nobody saw: looked up by name before anything else is decided.
-        let released = claims.iter().any(|c| c.name == h.claim && c.released);
-        let in_view = live.contains(&h.claim) || gone_names.contains(&h.claim);
-        if !released && !in_view && !tracker.stray_gone(&ns, &name, &h.claim) {
-            strays.push(h.claim.clone());
-        }
-        let renewed = renewed_at(&leases, &tracker, &h.claim);
-        let ends = tracker.hold_back_ends(&ns, &name, &h.claim, holder_lease(lease, h), renewed, now);
-        deadlines.push(ends);
-    }
-    tracker.retain_revoked(&ns, &name, &revoked);
-    for (claim, reason) in &decision.ignored {
-        if let Some(lease) = leases.iter().find(|l| &l.name_any() == claim) {
-            warnings.push((
-                lease.clone(),
-                "ClaimIgnored",
-                format!("{}: {}", reason.as_str(), reason.message()),
-            ));
-        }
-    }
-    warnings.retain(|(l, _, _)| !gone_names.contains(&l.name_any())); // warned while it was there
-    let noted_only = |reason: &str| reason == "ClaimLease" || reason == "ClaimTampered";
-    let rejected = warnings.iter().filter(|(_, reason, _)| !noted_only(reason)).count();
-    warnings.retain(|(l, reason, _)| tracker.first_warning(&l.uid().unwrap_or_default(), reason));
+    let strays = after_decision(
+        &decision,
+        &seen,
+        &judged.claims,
+        (ns, name),
+        lease,
+        &mut tracker,
+        now,
+        &mut judged.deadlines,
+    );
+    let (warnings, rejected) = warnings(judged.warnings, &decision, &seen, &mut tracker);
     Plan {
         rejected,
         decision,
-        next_deadline: deadlines.into_iter().min(),
+        next_deadline: judged.deadlines.into_iter().min(),
         warnings,
-        released_seen,
-        expired: expired_claims,
+        released_seen: judged.released_seen,
+        expired: judged.expired,
         strays,
     }
+}
+
+/// The claims one decision sees.
+struct InView {
+    /// The claims: those in the store, and those this controller deleted that the lock's
+    /// status may still name.
+    leases: Vec<Arc<Lease>>,
+    /// The names of those in the store.
+    live: BTreeSet<String>,
+    /// Swept after their release (their last state, release mark and all), and gone.
+    gone: BTreeSet<String>,
+    /// Deleted by this controller as expired: expired until status drops them, whatever
+    /// the store still shows.
+    expired_gone: BTreeSet<String>,
+}
+
+/// The lock's claims in the store, with what this controller deleted (`buried`: each
+/// with whether it was deleted as expired; see [`super::sweep::Tombstones`]).
+fn in_view(mut leases: Vec<Arc<Lease>>, buried: Vec<Tombstone>) -> InView {
+    let expired_gone: BTreeSet<String> = buried.iter().filter(|(_, e)| *e).map(|(l, _)| l.name_any()).collect();
+    leases.retain(|l| !expired_gone.contains(&l.name_any()));
+    let live: BTreeSet<String> = leases.iter().map(|l| l.name_any()).collect();
+    let gone: Vec<Arc<Lease>> = buried
+        .into_iter()
+        .map(|(l, _)| l)
+        .filter(|l| !live.contains(&l.name_any()))
+        .collect();
+    let gone_names: BTreeSet<String> = gone.iter().map(|l| l.name_any()).collect();
+    leases.extend(gone);
+    InView {
+        leases,
+        live,
+        gone: gone_names,
+        expired_gone,
+    }
+}
+
+/// What judging the claims one by one found.
+#[derive(Default)]
+struct Judged {
+    /// The valid claims, as the decide core sees them.
+    claims: Vec<ClaimView>,
+    /// Warning events to publish: (claim, reason, note).
+    warnings: Vec<Warning>,
+    /// When something will change by time alone.
+    deadlines: Vec<Instant>,
+    /// Claims judged expired, to confirm with a fresh read.
+    expired: Vec<Arc<Lease>>,
+    /// Released claims, with when the release was seen.
+    released_seen: Vec<(String, Instant)>,
+}
+
+/// Judge each claim in view: valid or not, its lease stated and recorded, expired or
+/// when it will be, released (by a mark or a notice `noticed` proves) or forged.
+fn judge_claims(
+    seen: &InView,
+    status: &DistributedLockStatus,
+    lease: Duration,
+    noticed: impl Fn(&str, Option<&str>) -> Option<Instant>,
+    tracker: &mut Tracker,
+    now: Instant,
+) -> Judged {
+    let mut j = Judged::default();
+    for lease_obj in &seen.leases {
+        let (pod, uid) = match claim::validate_claim(lease_obj) {
+            Ok(ok) => ok,
+            Err(bad) => {
+                j.warnings
+                    .push((lease_obj.clone(), "InvalidClaim", bad.message().to_string()));
+                continue;
+            }
+        };
+        if let Some(problem) = claim::lease_problem(lease_obj) {
+            j.warnings.push((lease_obj.clone(), "ClaimLease", problem));
+        }
+        // A holder lives by the lease recorded at its grant, whatever its claim says now
+        // (a neighbour may patch the claim): never judge it by less.
+        let name_of = lease_obj.name_any();
+        if let Some(field) = changed_since_recorded(lease_obj, (&pod, &uid), status) {
+            let note = format!(
+                "the claim's {} was changed after the lock recorded it (by someone other than its \
+                 process, who may patch Leases here): the record stands, the change is ignored",
+                field.field()
+            );
+            j.warnings.push((lease_obj.clone(), "ClaimTampered", note));
+        }
+        let holder = status.holders.iter().find(|h| h.claim == name_of);
+        let recorded = holder.and_then(|h| h.lease_duration_seconds).unwrap_or(0);
+        let own = claim::claim_lease_duration(lease_obj)
+            .max(Duration::from_secs(recorded.clamp(0, MAX_LEASE_SECONDS) as u64));
+        // A waiter (queued or new) lives by its wait lease, a holder by its lease.
+        let own = match claim::claim_wait_lease(lease_obj) {
+            Some(wait) if holder.is_none() => own.max(wait),
+            _ => own,
+        };
+        let expired = if seen.expired_gone.contains(&name_of) {
+            true // deleted by this controller as expired
+        } else if seen.gone.contains(&name_of) {
+            false // released, and gone: nothing left to expire
+        } else if holder.is_some_and(|h| h.revoked.is_some()) {
+            // A revoked holder's slot passes by its hold-back, not by its claim's expiry:
+            // its claim is neither read afresh nor deleted (that would restart the hold-back).
+            tracker.observe(lease_obj, now);
+            false
+        } else {
+            let expires = tracker.expires_at(lease_obj, lease, own, now);
+            if now >= expires {
+                j.expired.push(lease_obj.clone());
+            } else {
+                j.deadlines.push(expires);
+            }
+            now >= expires
+        };
+        let recorded = recorded_hash(lease_obj, status);
+        let noticed = noticed(&name_of, recorded.as_deref());
+        let view = claim_view(lease_obj, (pod, uid), expired, noticed.is_some(), recorded, tracker);
+        if view.forged {
+            let note = "the claim's release mark does not match its release hash: written by someone \
+                        other than its process; a holder is revoked with its slot held back, a waiter is dropped";
+            j.warnings.push((lease_obj.clone(), "ForgedRelease", note.to_string()));
+        }
+        if view.released {
+            let seen_at = noticed.unwrap_or_else(|| tracker.released_at(lease_obj));
+            j.released_seen.push((view.name.clone(), seen_at));
+        }
+        j.claims.push(view);
+    }
+    j
+}
+
+/// The revoked holders whose hold-back is over. A claim still there (a deleted lock keeps
+/// its revoked holders' claims for their releases) may have been renewed unseen, behind
+/// a stalled watch: the end is confirmed like an expiry (it joins `judged.expired`); one
+/// out of view and not looked up yet waits for its lookup ([`after_decision`]).
+#[allow(clippy::too_many_arguments)]
+fn hold_backs_over(
+    seen: &InView,
+    status: &DistributedLockStatus,
+    (ns, name): (&str, &str),
+    lease: Duration,
+    tracker: &mut Tracker,
+    now: Instant,
+    judged: &mut Judged,
+) -> BTreeSet<String> {
+    let mut elapsed = BTreeSet::new();
+    for h in status.holders.iter().filter(|h| h.revoked.is_some()) {
+        let renewed = renewed_at(&seen.leases, tracker, &h.claim);
+        let ends = tracker.hold_back_ends(ns, name, &h.claim, holder_lease(lease, h), renewed, now);
+        if now < ends {
+            judged.deadlines.push(ends);
+            continue;
+        }
+        let released = judged.claims.iter().any(|c| c.name == h.claim && c.released);
+        let gone = seen.gone.contains(&h.claim);
+        let there = seen.leases.iter().find(|l| l.name_any() == h.claim && !gone);
+        if let Some(l) = there.filter(|_| !released) {
+            judged.expired.push(l.clone());
+        } else if !released && !gone && !tracker.stray_gone(ns, name, &h.claim) {
+            continue; // out of view and not looked up yet: a stray
+        }
+        elapsed.insert(h.claim.clone());
+    }
+    elapsed
+}
+
+/// After the decision: the revoked holders out of view, yet maybe still there (their
+/// lock label removed or changed by someone who may patch Leases, and renewed by their
+/// holders all along), or gone at a moment nobody saw, to look up by name before
+/// anything else is decided (returned); each hold-back's end as a deadline; and the
+/// tracker's revocation memory kept to the revoked holders the decision names.
+#[allow(clippy::too_many_arguments)]
+fn after_decision(
+    decision: &Decision,
+    seen: &InView,
+    claims: &[ClaimView],
+    (ns, name): (&str, &str),
+    lease: Duration,
+    tracker: &mut Tracker,
+    now: Instant,
+    deadlines: &mut Vec<Instant>,
+) -> Vec<String> {
+    let mut strays = Vec::new();
+    let revoked = decision.status.holders.iter().filter(|h| h.revoked.is_some());
+    for h in revoked.clone() {
+        let released = claims.iter().any(|c| c.name == h.claim && c.released);
+        let in_view = seen.live.contains(&h.claim) || seen.gone.contains(&h.claim);
+        if !released && !in_view && !tracker.stray_gone(ns, name, &h.claim) {
+            strays.push(h.claim.clone());
+        }
+        let renewed = renewed_at(&seen.leases, tracker, &h.claim);
+        let ends = tracker.hold_back_ends(ns, name, &h.claim, holder_lease(lease, h), renewed, now);
+        deadlines.push(ends);
+    }
+    tracker.retain_revoked(ns, name, &revoked.map(|h| h.claim.clone()).collect());
+    strays
+}
+
+/// The warnings worth an event (each claim's first of each reason; none for a claim
+/// gone, warned while it was there), with the claims the decision ignored; and how many
+/// claims are rejected (a note on an odd or tampered lease is no rejection).
+fn warnings(
+    mut warnings: Vec<Warning>,
+    decision: &Decision,
+    seen: &InView,
+    tracker: &mut Tracker,
+) -> (Vec<Warning>, usize) {
+    for (claim, reason) in &decision.ignored {
+        if let Some(lease) = seen.leases.iter().find(|l| &l.name_any() == claim) {
+            let note = format!("{}: {}", reason.as_str(), reason.message());
+            warnings.push((lease.clone(), "ClaimIgnored", note));
+        }
+    }
+    warnings.retain(|(l, _, _)| !seen.gone.contains(&l.name_any()));
+    let noted_only = |reason: &str| reason == "ClaimLease" || reason == "ClaimTampered";
+    let rejected = warnings.iter().filter(|(_, reason, _)| !noted_only(reason)).count();
+    warnings.retain(|(l, reason, _)| tracker.first_warning(&l.uid().unwrap_or_default(), reason));
+    (warnings, rejected)
 }
 
 /// When the controller last saw `claim` renewed, if it follows it (a claim swept after
@@ -357,5 +455,160 @@ pub fn slim_pod(pod: &mut Pod) {
             init_container_statuses: slim(&status.init_container_statuses),
             ..Default::default()
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::claim::{PodIdentity, claim_lease};
+
+    fn lease(name: &str) -> Arc<Lease> {
+        let pod = PodIdentity {
+            name: format!("pod-{name}"),
+            namespace: "ns".into(),
+            uid: format!("uid-{name}"),
+        };
+        let mut l = claim_lease(name, "l", &pod, 10);
+        l.metadata.uid = Some(format!("lease-{name}"));
+        Arc::new(l)
+    }
+
+    /// A status holding `claim` revoked (a forced release) with a 10 s lease.
+    fn revoked(claim: &str) -> DistributedLockStatus {
+        serde_json::from_value(serde_json::json!({"fencingToken": 1, "holders": [{
+            "claim": claim, "pod": format!("pod-{claim}"), "podUID": format!("uid-{claim}"),
+            "fencingToken": 1, "grantedAt": "2026-01-01T00:00:00Z", "leaseDurationSeconds": 10,
+            "revoked": {"reason": "ForceReleased", "at": "2026-01-01T00:00:01Z"}}]}))
+        .unwrap()
+    }
+
+    fn names(leases: &[Arc<Lease>]) -> Vec<String> {
+        leases.iter().map(|l| l.name_any()).collect()
+    }
+
+    #[test]
+    fn in_view_a_claim_deleted_as_expired_is_its_last_state_and_a_swept_one_is_seen_gone() {
+        let store = vec![lease("a"), lease("b")];
+        let buried = vec![(lease("a"), true), (lease("c"), false), (lease("b"), false)];
+        let seen = in_view(store, buried);
+        assert_eq!(
+            names(&seen.leases),
+            ["b", "a", "c"],
+            "b's store copy, a's and c's last states"
+        );
+        assert_eq!(seen.live, BTreeSet::from(["b".to_string()]));
+        assert_eq!(seen.gone, BTreeSet::from(["a".to_string(), "c".to_string()]));
+        assert_eq!(seen.expired_gone, BTreeSet::from(["a".to_string()]));
+    }
+
+    #[test]
+    fn a_claim_is_judged_expired_only_once_its_lease_passed_unrenewed() {
+        let seen = in_view(vec![lease("a")], Vec::new());
+        let status = DistributedLockStatus::default();
+        let mut tracker = Tracker::default();
+        let t0 = Instant::now();
+        let none = |_: &str, _: Option<&str>| None;
+        let first = judge_claims(&seen, &status, Duration::from_secs(10), none, &mut tracker, t0);
+        assert!(first.expired.is_empty());
+        assert_eq!(first.claims.len(), 1);
+        let due = *first.deadlines.first().expect("its expiry is a deadline");
+        let later = judge_claims(&seen, &status, Duration::from_secs(10), none, &mut tracker, due);
+        assert_eq!(
+            names(&later.expired),
+            ["a"],
+            "judged expired at its deadline, to be read afresh"
+        );
+    }
+
+    #[test]
+    fn a_revoked_holder_out_of_view_holds_its_slot_until_looked_up_then_its_hold_back_ends() {
+        let status = revoked("a");
+        let seen = in_view(Vec::new(), Vec::new());
+        let (at, lease) = (("ns", "l"), Duration::from_secs(10));
+        let mut tracker = Tracker::default();
+        let t0 = Instant::now();
+        let mut judged = Judged::default();
+        assert!(hold_backs_over(&seen, &status, at, lease, &mut tracker, t0, &mut judged).is_empty());
+        let ends = judged.deadlines.pop().expect("the hold-back's end is a deadline");
+        let mut judged = Judged::default();
+        let elapsed = hold_backs_over(&seen, &status, at, lease, &mut tracker, ends, &mut judged);
+        assert!(elapsed.is_empty(), "out of view and not looked up: the slot stays held");
+        let d = Decision {
+            status: status.clone(),
+            actions: Vec::new(),
+            delete_claims: Vec::new(),
+            ignored: Vec::new(),
+            recheck_at: None,
+        };
+        let mut deadlines = Vec::new();
+        let strays = after_decision(&d, &seen, &[], at, lease, &mut tracker, ends, &mut deadlines);
+        assert_eq!(strays, ["a"], "looked up by name first");
+        tracker.found_stray_gone("ns", "l", "a");
+        let elapsed = hold_backs_over(&seen, &status, at, lease, &mut tracker, ends, &mut Judged::default());
+        assert_eq!(
+            elapsed,
+            BTreeSet::from(["a".to_string()]),
+            "found gone: the slot passes"
+        );
+        let strays = after_decision(&d, &seen, &[], at, lease, &mut tracker, ends, &mut deadlines);
+        assert!(strays.is_empty());
+    }
+
+    #[test]
+    fn a_revoked_holder_whose_claim_is_still_there_is_confirmed_like_an_expiry() {
+        let status = revoked("a");
+        let seen = in_view(vec![lease("a")], Vec::new());
+        let (at, lease_d) = (("ns", "l"), Duration::from_secs(10));
+        let mut tracker = Tracker::default();
+        let t0 = Instant::now();
+        let mut judged = Judged::default();
+        hold_backs_over(&seen, &status, at, lease_d, &mut tracker, t0, &mut judged);
+        let ends = judged.deadlines.pop().unwrap();
+        let mut judged = Judged::default();
+        let elapsed = hold_backs_over(&seen, &status, at, lease_d, &mut tracker, ends, &mut judged);
+        assert_eq!(elapsed, BTreeSet::from(["a".to_string()]));
+        assert_eq!(
+            names(&judged.expired),
+            ["a"],
+            "read afresh and deleted under that read first"
+        );
+    }
+
+    #[test]
+    fn warnings_go_once_per_claim_and_reason_and_notes_are_no_rejections() {
+        let seen = in_view(vec![lease("a"), lease("b")], vec![(lease("c"), false)]);
+        let d = Decision {
+            status: DistributedLockStatus::default(),
+            actions: Vec::new(),
+            delete_claims: Vec::new(),
+            ignored: vec![("b".into(), crate::api::RefuseReason::QueueFull)],
+            recheck_at: None,
+        };
+        let mut tracker = Tracker::default();
+        let raised = || {
+            vec![
+                (lease("a"), "ClaimLease", "odd".to_string()),
+                (lease("a"), "ForgedRelease", "forged".to_string()),
+                (lease("c"), "InvalidClaim", "gone".to_string()),
+            ]
+        };
+        let (w, rejected) = warnings(raised(), &d, &seen, &mut tracker);
+        let reasons: Vec<_> = w.iter().map(|(l, r, _)| (l.name_any(), *r)).collect();
+        assert_eq!(
+            reasons,
+            [
+                ("a".into(), "ClaimLease"),
+                ("a".into(), "ForgedRelease"),
+                ("b".into(), "ClaimIgnored")
+            ]
+        );
+        assert_eq!(
+            rejected, 2,
+            "the forged mark and the ignored claim; the lease note is none"
+        );
+        let (again, rejected) = warnings(raised(), &d, &seen, &mut tracker);
+        assert!(again.is_empty(), "each once");
+        assert_eq!(rejected, 2, "still rejected, without a new event");
     }
 }
