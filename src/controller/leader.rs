@@ -34,158 +34,67 @@ pub(super) async fn run_leader(
     notices: Arc<crate::controller::k8s::notices::Notices>,
 ) {
     let tracker = Arc::new(Mutex::new(Tracker::default()));
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "leasehold-controller".into(),
-            instance: Some(opts.identity.clone()),
-        },
-    );
     let (lease_store, lease_writer) = reflector::store::<Lease>();
     let (lock_store, lock_writer) = reflector::store::<DistributedLock>();
-    let m = metrics.clone();
     let (etcd_trigger, etcd_triggers) = tokio::sync::mpsc::unbounded_channel();
     // The scheduler's own triggers: etcd mirrors' changes, and prompts beyond the limit.
     let scheduled = etcd_trigger.clone();
     let mirrors = Arc::new(super::etcd::mirror::Mirrors::new(client.clone(), etcd_trigger));
-    let mirrored = mirrors.clone();
     let written = Arc::new(crate::controller::cache::written::Written::default());
-    let own = written.clone();
-    // A deleted lock is never reconciled: its metric series and etcd mirror go as the
-    // watch shows it. (As in `Controller::new`, the trigger backoff paces this watch.)
-    let locks = watcher(opts.api::<DistributedLock>(&client), watcher::Config::default())
-        .reflect(lock_writer)
-        .inspect_ok(move |ev| {
-            m.follow_locks(ev);
-            if let watcher::Event::Delete(lock) = ev {
-                mirrored.forget(&ObjectRef::from_obj(lock));
-            }
-        })
-        .applied_objects()
-        // The watch showing this controller's own status write holds no news for it.
-        .try_filter(move |lock| std::future::ready(!own.is_own(lock)));
+    let api = opts.api::<DistributedLock>(&client);
+    let locks = lock_watch(api, lock_writer, metrics.clone(), mirrors.clone(), written.clone());
     let config = kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES);
     let controller = Controller::for_stream(locks, lock_store.clone()).with_config(config);
 
     let claims = Arc::new(crate::controller::k8s::claims::ClaimIndex::default());
     let (prompter, prompts) = crate::controller::prompt::Prompter::new();
     let tombstones = Arc::new(crate::controller::k8s::sweep::Tombstones::default());
-    let (t, index, buried, noticed) = (tracker.clone(), claims.clone(), tombstones.clone(), notices.clone());
-    let (statuses, wrote, prompt) = (lock_store.clone(), written.clone(), prompter.clone());
-    let leases = watcher(
-        opts.api::<Lease>(&client),
-        watcher::Config::default().labels(protocol::LOCK_LABEL),
-    )
-    .default_backoff()
-    .modify(|lease| lease.metadata.managed_fields = None) // never read; most of a claim's bytes
-    .reflect(lease_writer)
-    .inspect_ok(move |ev| {
-        index.apply(ev);
-        let mut t = t.lock().expect("tracker lock poisoned");
-        match ev {
-            watcher::Event::Apply(l) | watcher::Event::InitApply(l) => {
-                t.observe(l, Instant::now());
-                if protocol::claim::has_release_mark(l) {
-                    prompt_for_claim(&prompt, l);
-                }
-            }
-            watcher::Event::Delete(l) => {
-                if named_in_status(&statuses, &wrote, l) {
-                    // Deleted before its lock decided on it (a noticed claim as marked).
-                    buried.bury(noticed.as_marked(l).as_ref().unwrap_or(l), Instant::now());
-                    prompt_for_claim(&prompt, l);
-                }
-                t.forget(l, Instant::now());
-                if let Some(ns) = l.namespace() {
-                    noticed.forget(&ns, &l.name_any());
-                }
-            }
-            watcher::Event::Init => t.relist_started(),
-            watcher::Event::InitDone => t.relist_done(),
-        }
-    })
-    .touched_objects();
     let pod_index = Arc::new(crate::controller::cache::pods::PodIndex::default());
-    let (t, index) = (tracker.clone(), pod_index.clone());
-    let (by_pod, prompt) = (claims.clone(), prompter.clone());
-    let pods = watcher(opts.api::<Pod>(&client), watcher::Config::default())
-        .default_backoff()
-        .modify(observe::slim_pod)
-        .inspect_ok(move |ev| {
-            index.apply(ev);
-            if let watcher::Event::Delete(pod) = ev {
-                t.lock()
-                    .expect("tracker lock poisoned")
-                    .pod_departed(pod, Instant::now());
-                // The locks its claims ask for (the claim index, no scan of every lock's
-                // status as the trigger mapper below does): a holder has a claim.
-                if let Some(ns) = pod.namespace() {
-                    for lock in by_pod.locks_of_pod(&ns, &pod.name_any()) {
-                        prompt.prompt(ObjectRef::new(&lock).within(&ns));
-                    }
-                }
-            }
-        })
-        .touched_objects();
+    let feeds = Feeds {
+        tracker: tracker.clone(),
+        claims: claims.clone(),
+        pods: pod_index.clone(),
+        tombstones: tombstones.clone(),
+        notices: notices.clone(),
+        statuses: lock_store.clone(),
+        written: written.clone(),
+        prompter: prompter.clone(),
+    };
+    let leases = claim_watch(opts.api::<Lease>(&client), lease_writer, feeds.clone());
+    let pods = pod_watch(opts.api::<Pod>(&client), feeds);
 
     let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);
+    let backends = crate::controller::k8s::state::State {
+        leases: lease_store.clone(),
+        claims: claims.clone(),
+        tombstones,
+        sweeper: Arc::new(crate::controller::k8s::sweep::Sweeper::new(client.clone())),
+        notices: notices.clone(),
+        release_url: opts.release_url.clone(),
+    };
     let ctx = Arc::new(Context {
         client: client.clone(),
         pods: pod_index.clone(),
         tracker,
-        recorder,
+        recorder: recorder(&client, opts),
         event_budget: Default::default(),
         warning_budget: crate::controller::budget::Budget::warnings(Instant::now()),
         metrics: metrics.clone(),
         written,
         synced: synced_rx,
         turns: Default::default(),
-        k8s: crate::controller::k8s::state::State {
-            leases: lease_store.clone(),
-            claims: claims.clone(),
-            tombstones,
-            sweeper: Arc::new(crate::controller::k8s::sweep::Sweeper::new(client.clone())),
-            notices: notices.clone(),
-            release_url: opts.release_url.clone(),
-        },
+        k8s: backends,
         etcd: mirrors,
     });
     notices.lead(lock_store.clone(), ctx.written.clone(), prompter.clone());
-    let _prompts = super::Helper::spawn(reconcile::serve_prompts(
-        prompts,
-        lock_store.clone(),
-        ctx.clone(),
-        scheduled,
-    ));
+    let prompted = reconcile::serve_prompts(prompts, lock_store.clone(), ctx.clone(), scheduled);
+    let _prompts = super::Helper::spawn(prompted);
     let (ls, ctx2, ctx3) = (lock_store.clone(), ctx.clone(), ctx.clone());
     let by_pod = claims.clone();
     let pod_locks = move |pod: Pod| locks_of_pod(&pod, &ls, &by_pod);
-    let ready = {
-        let (l, p, m, k, c) = (
-            lease_store.clone(),
-            pod_index.clone(),
-            metrics.clone(),
-            lock_store.clone(),
-            claims.clone(),
-        );
-        async move {
-            store_ready(&k).await;
-            store_ready(&l).await;
-            // The indexes take each event after the store: wait for them too.
-            while !p.synced() || !c.synced() {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            let _ = synced_tx.send(true);
-            // Claims seen before the caches synced were not checked: check them now.
-            for lease in l.state() {
-                lock_of_claim(&lease, &k, &ctx3);
-            }
-            m.ready.store(true, Ordering::Relaxed);
-            tracing::info!("caches synced");
-            synced_tx.closed().await; // keep the sender while the controller runs
-        }
-    };
-    let _ready = super::Helper::spawn(ready);
+    let stores = (lock_store.clone(), lease_store.clone());
+    let indexes = (pod_index.clone(), claims.clone());
+    let _ready = super::Helper::spawn(synced(stores, indexes, synced_tx, metrics.clone(), ctx3));
     let lease_lock = move |lease: Lease| lock_of_claim(&lease, &lock_store, &ctx2);
     controller
         .watches_stream(leases, lease_lock)
@@ -196,6 +105,144 @@ pub(super) async fn run_leader(
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
         .await;
+}
+
+/// The event recorder of this replica.
+fn recorder(client: &Client, opts: &Options) -> Recorder {
+    let reporter = Reporter {
+        controller: "leasehold-controller".into(),
+        instance: Some(opts.identity.clone()),
+    };
+    Recorder::new(client.clone(), reporter)
+}
+
+/// The lock watch: it fills the lock store (`writer`) and follows the locks' metric
+/// series; a deleted lock is never reconciled, so its series and etcd mirror go as the
+/// watch shows it (as in `Controller::new`, the trigger backoff paces this watch). The
+/// watch showing this controller's own status write holds no news for it.
+fn lock_watch(
+    api: kube::Api<DistributedLock>,
+    writer: reflector::store::Writer<DistributedLock>,
+    metrics: Arc<Metrics>,
+    mirrors: Arc<super::etcd::mirror::Mirrors>,
+    own: Arc<crate::controller::cache::written::Written>,
+) -> impl futures::Stream<Item = Result<DistributedLock, watcher::Error>> + Send + 'static {
+    watcher(api, watcher::Config::default())
+        .reflect(writer)
+        .inspect_ok(move |ev| {
+            metrics.follow_locks(ev);
+            if let watcher::Event::Delete(lock) = ev {
+                mirrors.forget(&ObjectRef::from_obj(lock));
+            }
+        })
+        .applied_objects()
+        .try_filter(move |lock| std::future::ready(!own.is_own(lock)))
+}
+
+/// What the claim and pod watches feed, besides their stores.
+#[derive(Clone)]
+struct Feeds {
+    tracker: Arc<Mutex<Tracker>>,
+    claims: Arc<crate::controller::k8s::claims::ClaimIndex>,
+    pods: Arc<crate::controller::cache::pods::PodIndex>,
+    tombstones: Arc<crate::controller::k8s::sweep::Tombstones>,
+    notices: Arc<crate::controller::k8s::notices::Notices>,
+    statuses: Store<DistributedLock>,
+    written: Arc<crate::controller::cache::written::Written>,
+    prompter: crate::controller::prompt::Prompter,
+}
+
+/// The claim watch: it fills the claim store (`writer`) and index and the tracker's
+/// clock, prompts the lock of a claim marked released, and remembers a claim deleted
+/// before its lock decided on it (a noticed claim as marked).
+fn claim_watch(
+    api: kube::Api<Lease>,
+    writer: reflector::store::Writer<Lease>,
+    f: Feeds,
+) -> impl futures::Stream<Item = Result<Lease, watcher::Error>> + Send + 'static {
+    watcher(api, watcher::Config::default().labels(protocol::LOCK_LABEL))
+        .default_backoff()
+        .modify(|lease| lease.metadata.managed_fields = None) // never read; most of a claim's bytes
+        .reflect(writer)
+        .inspect_ok(move |ev| {
+            f.claims.apply(ev);
+            let mut t = f.tracker.lock().expect("tracker lock poisoned");
+            match ev {
+                watcher::Event::Apply(l) | watcher::Event::InitApply(l) => {
+                    t.observe(l, Instant::now());
+                    if protocol::claim::has_release_mark(l) {
+                        prompt_for_claim(&f.prompter, l);
+                    }
+                }
+                watcher::Event::Delete(l) => {
+                    if named_in_status(&f.statuses, &f.written, l) {
+                        let marked = f.notices.as_marked(l);
+                        f.tombstones.bury(marked.as_ref().unwrap_or(l), Instant::now());
+                        prompt_for_claim(&f.prompter, l);
+                    }
+                    t.forget(l, Instant::now());
+                    if let Some(ns) = l.namespace() {
+                        f.notices.forget(&ns, &l.name_any());
+                    }
+                }
+                watcher::Event::Init => t.relist_started(),
+                watcher::Event::InitDone => t.relist_done(),
+            }
+        })
+        .touched_objects()
+}
+
+/// The pod watch (slim pods): it fills the pod index, tells the tracker of pods gone,
+/// and prompts the locks a deleted pod's claims ask for (the claim index, no scan of
+/// every lock's status as the trigger mapper does: a holder has a claim).
+fn pod_watch(
+    api: kube::Api<Pod>,
+    f: Feeds,
+) -> impl futures::Stream<Item = Result<Pod, watcher::Error>> + Send + 'static {
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(observe::slim_pod)
+        .inspect_ok(move |ev| {
+            f.pods.apply(ev);
+            if let watcher::Event::Delete(pod) = ev {
+                let mut t = f.tracker.lock().expect("tracker lock poisoned");
+                t.pod_departed(pod, Instant::now());
+                if let Some(ns) = pod.namespace() {
+                    for lock in f.claims.locks_of_pod(&ns, &pod.name_any()) {
+                        f.prompter.prompt(ObjectRef::new(&lock).within(&ns));
+                    }
+                }
+            }
+        })
+        .touched_objects()
+}
+
+/// Completes nothing until the lock and claim stores and the pod and claim indexes have
+/// synced (the indexes take each event after the store), then says so on `synced`,
+/// checks the claims seen before (they were not), marks the controller ready, and keeps
+/// the sender while the controller runs.
+async fn synced(
+    (locks, leases): (Store<DistributedLock>, Store<Lease>),
+    (pods, claims): (
+        Arc<crate::controller::cache::pods::PodIndex>,
+        Arc<crate::controller::k8s::claims::ClaimIndex>,
+    ),
+    synced: tokio::sync::watch::Sender<bool>,
+    metrics: Arc<Metrics>,
+    ctx: Arc<Context>,
+) {
+    store_ready(&locks).await;
+    store_ready(&leases).await;
+    while !pods.synced() || !claims.synced() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = synced.send(true);
+    for lease in leases.state() {
+        lock_of_claim(&lease, &locks, &ctx);
+    }
+    metrics.ready.store(true, Ordering::Relaxed);
+    tracing::info!("caches synced");
+    synced.closed().await;
 }
 
 /// Reconcile at once the lock claim `lease` asks for (see [`super::prompt`]).
