@@ -53,6 +53,8 @@ pub mod decide;
 pub mod etcd;
 #[cfg(feature = "client")]
 pub mod kubeconfig;
+#[cfg(all(test, feature = "client"))]
+mod mock_api;
 pub mod protocol;
 
 #[doc(hidden)]

@@ -8,6 +8,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::Error;
+use super::claim::{self, Claim, GiveUp, Granted};
 use super::session::{Session, State};
 use crate::protocol::timing::release_budget;
 
@@ -18,6 +19,8 @@ pub const RELEASE_RETRY_DELAY: Duration = Duration::from_millis(200);
 #[derive(Debug)]
 pub(crate) struct Held {
     pub session: Arc<Session>,
+    /// How the claim is given up.
+    pub claim: Arc<dyn Claim>,
     pub token: i64,
     /// How many guards of this grant are outstanding.
     pub count: AtomicUsize,
@@ -26,19 +29,26 @@ pub(crate) struct Held {
 
 impl Held {
     /// The state of a grant just made to `session`, with one guard outstanding.
-    pub fn granted(session: Arc<Session>, renewal: JoinHandle<()>, token: i64) -> Arc<Held> {
+    pub fn granted(granted: Granted) -> Arc<Held> {
+        let Granted {
+            session,
+            renewal,
+            token,
+            claim,
+        } = granted;
         Arc::new(Held {
             session,
+            claim,
             token,
             count: AtomicUsize::new(1),
             renewal: std::sync::Mutex::new(Some(renewal)),
         })
     }
 
-    /// Give up the grant: stop renewing, mark the claim released (one write) and wait
-    /// for the renewal task to end, surfacing its failure.
+    /// Give up the grant: stop renewing, give the claim up (one write) and wait for
+    /// the renewal task to end, surfacing its failure.
     pub async fn release(&self) -> Result<(), Error> {
-        let released = self.session.end().await;
+        let released = claim::end(&self.session, self.claim.as_ref()).await;
         let task = self.renewal.lock().expect("renewal handle lock poisoned").take();
         if let Some(task) = task
             && let Err(e) = task.await
@@ -58,7 +68,7 @@ impl Held {
             let write = async {
                 match attempt {
                     1 => self.release().await,
-                    _ => self.session.release_mark().await,
+                    _ => self.claim.give_up(&self.session, GiveUp::Write).await,
                 }
             };
             let e = match tokio::time::timeout_at(until, write).await {
@@ -170,15 +180,13 @@ impl Drop for Guard {
 
 #[cfg(test)]
 mod tests {
-    use std::convert::Infallible;
     use std::sync::atomic::AtomicU32;
 
-    use bytes::Bytes;
-    use http_body_util::Full;
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::Api;
 
     use super::*;
+    use crate::mock_api;
     use crate::protocol::PodIdentity;
 
     /// A claim API whose create succeeds and whose first `failing` patches (release
@@ -186,24 +194,16 @@ mod tests {
     fn flaky_patches(failing: u32) -> (Api<Lease>, Arc<AtomicU32>) {
         let patches = Arc::new(AtomicU32::new(0));
         let seen = patches.clone();
-        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let client = mock_api::client(move |req| {
             let failed = req.method() == http::Method::PATCH && seen.fetch_add(1, Ordering::SeqCst) < failing;
             async move {
-                let (status, body) = if failed {
-                    let body = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "message": "etcd is sulking", "reason": "InternalError", "code": 500});
-                    (500, body)
-                } else {
-                    let body = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                        "metadata": {"name": "l-1", "namespace": "ns", "resourceVersion": "1"}});
-                    (200, body)
-                };
-                let mut resp = http::Response::new(Full::new(Bytes::from(body.to_string())));
-                *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
-                Ok::<_, Infallible>(resp)
+                match failed {
+                    true => (500, mock_api::status(500, "InternalError", "etcd is sulking")),
+                    false => (200, mock_api::claim_lease()),
+                }
             }
         });
-        (Api::namespaced(kube::Client::new(service, "ns"), "ns"), patches)
+        (Api::namespaced(client, "ns"), patches)
     }
 
     async fn held_grant(leases: Api<Lease>, lease_secs: i32) -> Held {
@@ -212,9 +212,12 @@ mod tests {
             namespace: "ns".into(),
             uid: "u".into(),
         };
-        let (session, renewal) = Session::create(leases, "l", &identity, lease_secs).await.unwrap();
+        let (claim, session, renewal) = crate::client::k8s::claim::create(leases, "l", &identity, lease_secs)
+            .await
+            .unwrap();
         Held {
             session,
+            claim,
             token: 1,
             count: AtomicUsize::new(1),
             renewal: std::sync::Mutex::new(Some(renewal)),

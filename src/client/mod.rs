@@ -18,8 +18,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Files: `session` (create, renew, the two sources of loss), `lock` (acquire, try,
-//! timeout, reentrancy) and `guard` (the held grant).
+//! Files: `lock` (acquire, try, timeout, reentrancy; picks the backend), `claim` (the
+//! seam a backend plugs into), `session` (renewals and deadlines, the sources of
+//! loss), `guard` (the held grant), `progress` (what a waiter hears), and a folder per
+//! backend: `k8s/` (claims are Leases) and `etcd/` (claims are etcd keys).
 //!
 //! A pod needs the downward API in its env and RBAC to create and patch leases and
 //! get/list/watch distributedlocks (see `examples/rbac.yaml`):
@@ -31,15 +33,14 @@
 //! - { name: POD_UID, valueFrom: { fieldRef: { fieldPath: metadata.uid } } }
 //! ```
 
-mod direct;
+mod claim;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 mod guard;
+pub(crate) mod k8s;
 mod lock;
-mod notice;
 mod progress;
 pub(crate) mod session;
-mod watch;
 
 use std::time::Duration;
 

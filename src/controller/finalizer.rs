@@ -180,27 +180,19 @@ mod tests {
         let answers = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(answers)));
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let log = seen.clone();
-        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let client = crate::mock_api::client(move |req| {
             log.lock().unwrap().push(req.method().to_string());
-            let (code, body) = answers.lock().unwrap().pop_front().expect("an unscripted request");
-            async move {
-                let response = http::Response::builder()
-                    .status(code)
-                    .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())));
-                Ok::<_, std::convert::Infallible>(response.unwrap())
-            }
+            let answer = answers.lock().unwrap().pop_front().expect("an unscripted request");
+            async move { answer }
         });
-        (Api::namespaced(kube::Client::new(service, "ns"), "ns"), seen)
+        (Api::namespaced(client, "ns"), seen)
     }
 
     #[tokio::test]
     async fn adding_the_finalizer_rides_out_a_conflict_whose_re_read_still_lacks_it() {
         let mut bare = lock(&[]);
         bare.metadata.namespace = Some("ns".into());
-        let conflict = serde_json::json!({
-            "kind": "Status", "apiVersion": "v1", "status": "Failure",
-            "reason": "Conflict", "code": 409, "message": "the object has been modified",
-        });
+        let conflict = crate::mock_api::status(409, "Conflict", "the object has been modified");
         let mut re_read = bare.clone();
         re_read.metadata.resource_version = Some("8".into());
         let mut with = re_read.clone();

@@ -9,12 +9,14 @@ use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     WatchFilterType, WatchOptions, WatchStream,
 };
+use futures::future::BoxFuture;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::renew::{Etcd, EtcdRenewer, on_own_lease};
 use crate::api::EtcdBackend;
-use crate::client::session::{Cadence, Release, Releaser, Session};
+use crate::client::claim::{Backend, Claim, GiveUp, Granted, Mode, Request, Withdraw, withdraw_now, write_within};
+use crate::client::session::{Cadence, Session};
 use crate::client::{LostReason, State};
 use crate::etcd::Error;
 use crate::etcd::keys::{ClaimValue, claim_key, lock_prefix};
@@ -23,11 +25,58 @@ use crate::protocol::PodIdentity;
 use crate::protocol::claim::claim_name;
 use crate::protocol::timing::{etcd_claim_ttl, renew_timeout};
 
+/// The etcd backend: a lock's claims are keys in the etcd its `spec.backend.etcd` names.
+pub(crate) struct Keys(pub EtcdBackend);
+
+impl Backend for Keys {
+    fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Option<Granted>, crate::client::Error>> {
+        Box::pin(self.acquire(request))
+    }
+}
+
+impl Keys {
+    async fn acquire(&self, request: Request<'_>) -> Result<Option<Granted>, crate::client::Error> {
+        let (secs, max_holders) = request
+            .lock
+            .map(|l| (l.spec.lease_duration_seconds, l.spec.max_holders))
+            .unwrap_or_default();
+        let (mut claim, release, session, renewal) =
+            create(&self.0, request.name, request.identity, secs, max_holders).await?;
+        let given_up: Arc<dyn Claim> = release;
+        // If this future is dropped from here on, the claim is withdrawn.
+        let mut withdraw = Withdraw::arm(&session, &given_up);
+        let (until, try_only) = match request.mode {
+            Mode::Wait => (None, false),
+            Mode::Try => (None, true),
+            Mode::Until(at, _) => (Some(at), false),
+        };
+        let waited = claim.wait(&session, until, try_only).await;
+        withdraw.disarm();
+        let outcome = match waited {
+            Ok(Waited::Granted(token)) => {
+                claim.watch_revocation(session.clone());
+                return Ok(Some(Granted {
+                    session,
+                    renewal,
+                    token,
+                    claim: given_up,
+                }));
+            }
+            Ok(Waited::WouldBlock) => Ok(None),
+            Ok(Waited::TimedOut) => Err(request.mode.timed_out()),
+            Ok(Waited::Lost) => Err(crate::client::Error::ClaimLost(session.claim.clone())),
+            Err(e) => Err(e.into()),
+        };
+        withdraw_now(&session, given_up.as_ref()).await;
+        outcome
+    }
+}
+
 /// Pause before re-opening a broken watch on the claim's own key.
 const REWATCH_DELAY: Duration = Duration::from_millis(200);
 
 /// What waiting ended with.
-pub(crate) enum Waited {
+enum Waited {
     /// The claim holds, with this fencing token.
     Granted(i64),
     /// Keys are ahead and the caller would not wait.
@@ -39,7 +88,7 @@ pub(crate) enum Waited {
 }
 
 /// A created claim, waiting or holding.
-pub(crate) struct Claim {
+struct KeyClaim {
     client: Client,
     prefix: String,
     key: String,
@@ -65,9 +114,13 @@ impl std::fmt::Debug for EtcdRelease {
     }
 }
 
-impl Releaser for EtcdRelease {
-    fn release(&self) -> futures::future::BoxFuture<'_, Result<(), crate::client::Error>> {
-        Box::pin(async move { self.revoke().await.map_err(crate::client::Error::from) })
+impl Claim for EtcdRelease {
+    /// Revoke the claim's lease, holder or not (etcd's controller learns of it from
+    /// its watch).
+    fn give_up<'a>(&'a self, session: &'a Session, _: GiveUp) -> BoxFuture<'a, Result<(), crate::client::Error>> {
+        Box::pin(write_within(session, async move {
+            self.revoke().await.map_err(crate::client::Error::from)
+        }))
     }
 }
 
@@ -84,13 +137,13 @@ impl EtcdRelease {
 
 /// Create a claim key for lock `name` (in the identity's namespace) and start its
 /// session. The key lives on a fresh lease of [`etcd_claim_ttl`].
-pub(crate) async fn create(
+async fn create(
     backend: &EtcdBackend,
     name: &str,
     identity: &PodIdentity,
     lease_secs: i32,
     max_holders: i32,
-) -> Result<(Claim, Arc<Session>, JoinHandle<()>), Error> {
+) -> Result<(KeyClaim, Arc<EtcdRelease>, Arc<Session>, JoinHandle<()>), Error> {
     let lease = Duration::from_secs(lease_secs.max(1) as u64);
     let mut client = crate::etcd::connect(backend, renew_timeout(lease)).await?;
     let ns = &identity.namespace;
@@ -125,15 +178,9 @@ pub(crate) async fn create(
         key: key.clone(),
         lease_id,
     });
-    let (session, task) = Session::start(
-        claim,
-        lease,
-        Release::Backend(Box::new(release)),
-        (sent, Cadence::Holding),
-        renewer,
-    );
+    let (session, task) = Session::start(claim, lease, (sent, Cadence::Holding), renewer);
     let prefix = lock_prefix(backend, ns, name);
-    let claim = Claim {
+    let claim = KeyClaim {
         client,
         prefix,
         key,
@@ -141,15 +188,15 @@ pub(crate) async fn create(
         revision,
         max_holders,
     };
-    Ok((claim, session, task))
+    Ok((claim, Arc::new(release), session, task))
 }
 
-// === impl Claim ===
+// === impl KeyClaim ===
 
-impl Claim {
+impl KeyClaim {
     /// Wait until the claim holds (`until` bounds it; `try_only` returns at once when
     /// keys are ahead). Woken by a watch, never by polling.
-    pub async fn wait(&mut self, session: &Session, until: Option<Instant>, try_only: bool) -> Result<Waited, Error> {
+    async fn wait(&mut self, session: &Session, until: Option<Instant>, try_only: bool) -> Result<Waited, Error> {
         loop {
             // Up to maxHolders of the keys created before this one, the nearest first.
             // (etcd counts a range before its revision filters: count the keys returned.)
@@ -219,7 +266,7 @@ impl Claim {
     /// After a grant: report the session lost as soon as the claim key is moved (held
     /// back by the controller) or deleted. A broken watch is opened again from the
     /// last revision it showed; meanwhile the renewals' check stands guard.
-    pub fn watch_revocation(mut self, session: Arc<Session>) {
+    fn watch_revocation(mut self, session: Arc<Session>) {
         tokio::spawn(async move {
             let mut state = session.state();
             let from = self.revision + 1;

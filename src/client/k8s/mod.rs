@@ -1,0 +1,160 @@
+//! The Kubernetes backend of the client: a claim is a Lease in the pod's namespace,
+//! and the lock's status (read by a watch, never by polling) says when it is granted;
+//! a designated successor may be granted directly by the controller over HTTP
+//! ([`direct`]), and a holder tells the controller of its release ([`notice`]).
+//!
+//! Files: `claim` (create, renew, give up), `wait` (the wait for a grant), `watch`
+//! (the lock's watch), `direct` and `notice`.
+
+pub(crate) mod claim;
+mod direct;
+mod notice;
+mod wait;
+mod watch;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::Api;
+
+use self::claim::KubeClaim;
+use self::notice::NoticeTarget;
+use self::wait::Outcome;
+use self::watch::{LockWatch, Seen};
+use super::claim::{Backend, Claim, Granted, Mode, Request, Withdraw, withdraw_now};
+use super::session::{LostReason, Session};
+use super::{Error, State};
+use crate::api::{DEFAULT_LEASE_DURATION_SECONDS, DistributedLock};
+use crate::protocol::still_grants;
+use crate::protocol::timing::renew_interval;
+
+/// The Lease backend: reads the lock with `client`, writes claims with `writes`.
+#[derive(Clone)]
+pub(crate) struct Kube {
+    /// Reads and watches the DistributedLock.
+    pub client: Client,
+    /// Writes the claim (create, renewals, the release): a pool of its own, see
+    /// [`super::LockBuilder::write_client`].
+    pub writes: Client,
+}
+
+impl Backend for Kube {
+    fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Option<Granted>, Error>> {
+        Box::pin(self.acquire(request))
+    }
+}
+
+// === impl Kube ===
+
+impl Kube {
+    async fn acquire(&self, request: Request<'_>) -> Result<Option<Granted>, Error> {
+        let ns = &request.identity.namespace;
+        let locks: Api<DistributedLock> = Api::namespaced(self.client.clone(), ns);
+        let leases: Api<Lease> = Api::namespaced(self.writes.clone(), ns);
+        let exists = request.lock.is_some();
+        if !exists && matches!(request.mode, Mode::Try) {
+            return Err(Error::NoSuchLock(request.name.to_string()));
+        }
+        let secs = request
+            .lock
+            .map_or(DEFAULT_LEASE_DURATION_SECONDS, |l| l.spec.lease_duration_seconds);
+        // Watch first, so no status change between create and watch is missed.
+        let lease = Duration::from_secs(secs.max(1) as u64);
+        let mut events = LockWatch::start(locks, request.name, renew_interval(lease));
+        loop {
+            let (claim, session, renewal) = claim::create(leases.clone(), request.name, request.identity, secs).await?;
+            let given_up: Arc<dyn Claim> = claim.clone();
+            // If this future is dropped from here on, the claim is withdrawn.
+            let mut withdraw = Withdraw::arm(&session, &given_up);
+            let outcome = wait::wait_grant(&request, &mut events, (&session, &claim), exists).await;
+            let outcome = match outcome {
+                Ok(Outcome::Granted(token)) => hold(&session, &request.mode).await.map(|()| Outcome::Granted(token)),
+                other => other,
+            };
+            withdraw.disarm();
+            match outcome {
+                Ok(Outcome::Granted(token)) => {
+                    watch_revocation(events, session.clone(), claim, token);
+                    let claim = given_up;
+                    return Ok(Some(Granted {
+                        session,
+                        renewal,
+                        token,
+                        claim,
+                    }));
+                }
+                Ok(again) if again.claims_anew(&session.claim) && !matches!(request.mode, Mode::Try) => {
+                    withdraw_now(&session, given_up.as_ref()).await;
+                }
+                other => {
+                    withdraw_now(&session, given_up.as_ref()).await;
+                    return other.map(|_| None);
+                }
+            }
+        }
+    }
+}
+
+/// A waiter renews slowly: once granted, act only once its last write's deadline is
+/// ahead (within the caller's time limit, if any: past it the grant is given back).
+async fn hold(session: &Session, mode: &Mode) -> Result<(), Error> {
+    let held = match mode {
+        Mode::Until(at, _) => tokio::time::timeout_at(*at, session.hold())
+            .await
+            .map_err(|_| mode.timed_out())?,
+        _ => session.hold().await,
+    };
+    held.map_err(|reason| {
+        tracing::warn!(claim = session.claim, ?reason, "the claim was lost as it was granted");
+        Error::ClaimLost(session.claim.clone())
+    })
+}
+
+/// After a grant with `token`: report the session lost as soon as the lock's status no
+/// longer grants it ([`still_grants`]: a direct grant's status shows the designation
+/// until the grant is written), or the lock is deleted.
+fn watch_revocation(mut events: LockWatch, session: Arc<Session>, claim: Arc<KubeClaim>, token: i64) {
+    tokio::spawn(async move {
+        let mut state = session.state();
+        loop {
+            let seen = tokio::select! {
+                _ = state.wait_for(|s| *s != State::Live) => return,
+                seen = events.next() => match seen {
+                    Some(seen) => seen,
+                    None => return,
+                },
+            };
+            let reason = match seen {
+                Seen::Gone => LostReason::LockDeleted,
+                Seen::Lock(lock) if !grants(&lock, &session.claim, token) => lost_reason(&lock, &session.claim),
+                Seen::Lock(lock) => {
+                    // A new leader publishes where it takes notices, and its key, with
+                    // its writes.
+                    claim.set_notice_target(NoticeTarget::of(&lock));
+                    continue;
+                }
+            };
+            tracing::warn!(claim = session.claim, ?reason, "the grant is gone");
+            session.lose(reason);
+            return;
+        }
+    });
+}
+
+/// Why a status that no longer grants `claim` took its grant: `LockDeleted` when the
+/// deleted lock revoked it (a deleted lock revokes every grant before it goes).
+fn lost_reason(lock: &DistributedLock, claim: &str) -> LostReason {
+    let holders = lock.status.iter().flat_map(|s| &s.holders);
+    let revoked = holders.filter(|h| h.claim == claim).find_map(|h| h.revoked.as_ref());
+    match revoked.map(|r| r.reason) {
+        Some(crate::api::RevokeReason::LockDeleted) => LostReason::LockDeleted,
+        _ => LostReason::Revoked,
+    }
+}
+
+fn grants(lock: &DistributedLock, claim: &str, token: i64) -> bool {
+    lock.status.as_ref().is_some_and(|s| still_grants(s, claim, token))
+}

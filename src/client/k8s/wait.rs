@@ -1,0 +1,285 @@
+//! Waiting for a claim Lease's grant: the lock's status, read from its watch, says
+//! where the claim stands; a direct grant may come first ([`super::direct`]). Every
+//! status is checked against the claim as this process wrote it before anything in it
+//! is acted on ([`crate::protocol::record`]).
+
+use tokio::time::Instant;
+
+use super::claim::KubeClaim;
+use super::direct::DirectWait;
+use super::notice::{self, NoticeTarget};
+use super::watch::{LockWatch, Seen};
+use crate::api::{DistributedLock, RefuseReason};
+use crate::client::claim::{Mode, Request};
+use crate::client::progress::{Progress, UNQUEUED_NOTICE};
+use crate::client::session::{LostReason, Session};
+use crate::client::{Error, State};
+use crate::protocol::record::{self, Tampered, Written};
+use crate::protocol::{granted_token, held_back, names_claim};
+
+/// How a wait ended, short of an error.
+pub(super) enum Outcome {
+    Granted(i64),
+    /// A try found the claim queued behind others.
+    WouldBlock,
+    /// Listed as a revoked holder whose slot is held back, though never granted.
+    HeldBack,
+    /// The status records the claim otherwise than this process wrote it.
+    Tampered(Tampered),
+    /// The claim was queued, and a later status names it no more, ungranted.
+    Dropped,
+}
+
+impl Outcome {
+    /// Whether the claim is withdrawn, never acted on, and the process claims anew (at
+    /// the back of the queue); says why in the log.
+    pub fn claims_anew(&self, claim: &str) -> bool {
+        match self {
+            // The lock holds a slot back for this claim as if its process might run (a
+            // deleted lock revoking the successor it had designated, or a forged mark),
+            // yet it was never granted: a valid release says so, freeing the slot
+            // (unless the controller deleted the claim first: then the slot is held back
+            // its lease).
+            Outcome::HeldBack => {
+                tracing::info!(claim, "the claim is held back though never granted: claiming anew")
+            }
+            // Dropped from the queue while its process waits (its claim expired or
+            // hidden by someone who may patch Leases).
+            Outcome::Dropped => tracing::warn!(claim, "the claim left the queue without a grant: claiming anew"),
+            // Someone changed the claim before the controller recorded it: a grant under
+            // that record is not this process's to act on (see `protocol::record`).
+            Outcome::Tampered(field) => tracing::warn!(
+                claim,
+                field = field.field(),
+                "{field}: withdrawing the claim without acting on it, and claiming anew"
+            ),
+            Outcome::Granted(_) | Outcome::WouldBlock => return false,
+        }
+        true
+    }
+}
+
+/// What one waiting claim has learnt so far.
+struct Wait<'a> {
+    request: &'a Request<'a>,
+    session: &'a Session,
+    claim: &'a KubeClaim,
+    /// The claim as this process wrote it.
+    wrote: Written<'a>,
+    proof: &'a str,
+    started: Instant,
+    progress: Progress<'a>,
+    direct: DirectWait,
+    /// Why the controller refuses this claim, as its status last said.
+    refused: Option<RefuseReason>,
+    /// Whether a status has named the claim (queued, or held).
+    was_placed: bool,
+    /// Where release notices go, as the latest status said.
+    notices_to: Option<NoticeTarget>,
+}
+
+/// Wait until `claim` (kept by `session`) is granted, or the wait ends otherwise, as
+/// `request.mode` says; `exists` is whether the lock existed before the claim was made.
+pub(super) async fn wait_grant(
+    request: &Request<'_>,
+    events: &mut LockWatch,
+    (session, claim): (&Session, &KubeClaim),
+    exists: bool,
+) -> Result<Outcome, Error> {
+    let hash = claim.release_hash();
+    let proof = claim.wait_proof();
+    let wait_hash = crate::protocol::release::hash_of(&proof);
+    let started = Instant::now();
+    let mut wait = Wait {
+        request,
+        session,
+        claim,
+        wrote: Written {
+            pod: &request.identity.name,
+            pod_uid: &request.identity.uid,
+            release_hash: Some(&hash),
+            wait_hash: Some(&wait_hash),
+            lease_seconds: i32::try_from(session.lease.as_secs()).unwrap_or(i32::MAX),
+        },
+        proof: &proof,
+        started,
+        progress: Progress::new(request.listeners, &session.claim, started, exists),
+        direct: DirectWait::default(),
+        refused: None,
+        was_placed: false,
+        notices_to: None,
+    };
+    let until = request.mode.until();
+    loop {
+        let lock = tokio::select! {
+            seen = events.next() => match seen {
+                Some(Seen::Lock(lock)) => lock,
+                Some(Seen::Gone) => {
+                    wait.lock_gone()?;
+                    continue;
+                }
+                None => return Err(Error::Watch(request.name.to_string())),
+            },
+            (token, _) = wait.direct.granted() => {
+                // Notices go where the latest status said, checked by its key.
+                claim.set_notice_target(wait.notices_to.clone());
+                return Ok(Outcome::Granted(token));
+            }
+            _ = session.lost() => return wait.claim_lost(),
+            _ = at(until) => return Err(request.mode.timed_out()),
+            _ = at(wait.progress.notice_at()) => match wait.notice_due().await {
+                Some(ended) => return ended,
+                None => continue,
+            },
+        };
+        if let Some(ended) = wait.seen(&lock).await {
+            return ended;
+        }
+    }
+}
+
+/// Completes at `t`; never when there is none.
+async fn at(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+// === impl Wait ===
+
+impl Wait<'_> {
+    fn claim_name(&self) -> &str {
+        &self.session.claim
+    }
+
+    fn refusal(&self, reason: RefuseReason) -> Error {
+        Error::Refused {
+            lock: self.request.name.to_string(),
+            claim: self.claim_name().to_string(),
+            reason,
+        }
+    }
+
+    /// The lock was deleted while its claim waits: a try ends; a wait waits for the
+    /// lock to exist, taking no grant of the deleted lock from here on.
+    fn lock_gone(&mut self) -> Result<(), Error> {
+        if matches!(self.request.mode, Mode::Try) {
+            return Err(Error::NoSuchLock(self.request.name.to_string()));
+        }
+        self.direct.stop();
+        self.progress.lock_missing();
+        Ok(())
+    }
+
+    /// The claim was deleted, or stripped of its lock label, by someone else while it
+    /// waited: never acted on, so wait on with a new claim.
+    fn claim_lost(&self) -> Result<Outcome, Error> {
+        match *self.session.state().borrow() {
+            State::Lost(LostReason::ClaimGone) => Ok(Outcome::Dropped),
+            _ => Err(Error::ClaimLost(self.claim_name().to_string())),
+        }
+    }
+
+    /// Unplaced (or refused) since the notice time: read the claim. Changed since this
+    /// process made it: someone else's doing (the controller refuses or ignores it for
+    /// that), so claim anew. Gone: a claim naming no existing pod is soon
+    /// garbage-collected, maybe before its refusal was listed. `Some` when that ends
+    /// the wait.
+    async fn notice_due(&mut self) -> Option<Result<Outcome, Error>> {
+        match self.claim.stored().await {
+            Some(Some(stored)) => {
+                if let Some(field) = record::claim_differs(&stored, &self.wrote, self.request.name) {
+                    self.direct.stop();
+                    return Some(Ok(Outcome::Tampered(field)));
+                }
+            }
+            Some(None) if self.refused.is_none() => {
+                return Some(Err(Error::ClaimCollected {
+                    claim: self.claim_name().to_string(),
+                    pod: self.request.identity.name.clone(),
+                    uid: self.request.identity.uid.clone(),
+                }));
+            }
+            _ => {}
+        }
+        if let Some(reason) = self.refused {
+            return Some(Err(self.refusal(reason))); // still refused: no passing state
+        }
+        self.progress.notice_due(Instant::now());
+        None
+    }
+
+    /// A status of the lock: `Some` when it ends the wait.
+    async fn seen(&mut self, lock: &DistributedLock) -> Option<Result<Outcome, Error>> {
+        let claim = self.session.claim.as_str();
+        let status = lock.status.clone().unwrap_or_default();
+        // Checked before anything in the status is acted on, a direct grant included
+        // (it is followed only from a status checked here).
+        if let Err(field) = record::check(&status, claim, &self.wrote) {
+            self.direct.stop();
+            return Some(Ok(Outcome::Tampered(field)));
+        }
+        self.notices_to = NoticeTarget::of(lock);
+        if let Some(target) = &self.notices_to {
+            // Found out while waiting, not when releasing: can notices reach it?
+            notice::probe(&target.url, self.session.lease);
+        }
+        if let Some(token) = granted_token(&status, claim) {
+            self.claim.set_notice_target(self.notices_to.clone());
+            return Some(Ok(Outcome::Granted(token)));
+        }
+        if held_back(&status, claim) {
+            return Some(Ok(Outcome::HeldBack));
+        }
+        if matches!(self.request.mode, Mode::Try) && status.queue.iter().any(|w| w.claim == claim) {
+            return Some(Ok(Outcome::WouldBlock));
+        }
+        if let Some(ended) = self.placed_or_refused(&status).await {
+            return Some(ended);
+        }
+        self.direct.follow(lock, claim, Some(self.proof));
+        self.progress.lock_seen(&status, Instant::now());
+        None
+    }
+
+    /// Refused: at once when final; else if not placed by the notice time (a pod the
+    /// controller's cache has not seen yet is refused for a moment). The refusal is
+    /// remembered until the claim is placed: a claim naming a pod UID that does not
+    /// exist is soon garbage-collected, and no status lists it then. Placed, then named
+    /// no more: dropped.
+    async fn placed_or_refused(
+        &mut self,
+        status: &crate::api::DistributedLockStatus,
+    ) -> Option<Result<Outcome, Error>> {
+        let claim = self.session.claim.as_str();
+        let listed = status.refused.iter().find(|r| r.claim == claim).map(|r| r.reason);
+        let placed = names_claim(status, claim);
+        if self.was_placed && !placed {
+            self.direct.stop();
+            return Some(Ok(Outcome::Dropped));
+        }
+        self.was_placed |= placed;
+        self.refused = if placed { None } else { listed.or(self.refused) };
+        let reason = self
+            .refused
+            .filter(|r| r.is_final() || Instant::now() >= self.started + UNQUEUED_NOTICE)?;
+        // Refused for its pod: the claim may name another pod than this process wrote
+        // (changed by someone who may patch Leases before the controller saw it). Then
+        // it is not this process that is refused: withdraw and claim anew, as for any
+        // tampered claim.
+        if !reason.is_final()
+            && let Some(field) = self.changed().await
+        {
+            self.direct.stop();
+            return Some(Ok(Outcome::Tampered(field)));
+        }
+        Some(Err(self.refusal(reason)))
+    }
+
+    /// Whether the claim as stored now names otherwise than this process wrote it
+    /// (`None` also when it cannot be read).
+    async fn changed(&self) -> Option<Tampered> {
+        record::claim_differs(&self.claim.stored().await??, &self.wrote, self.request.name)
+    }
+}
