@@ -19,9 +19,11 @@ use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::ClusterArgs;
-use crate::client::{Error as ClientError, Lock, WaitEvent};
+use tokio::process::Child;
+
+use crate::client::{Error as ClientError, Guard, Lock, WaitEvent};
 use crate::protocol::timing::safety_margin;
-use crate::supervise::{FORWARD_TERM_SIGNAL, KILL_TIMEOUT, KILL_TREE_SIGNAL};
+use crate::supervise::{FORWARD_TERM_SIGNAL, KILL_TIMEOUT, KILL_TREE_SIGNAL, Started};
 
 /// Exit status when `--timeout` passed before the lock was granted, or `--try` found it
 /// taken (EX_TEMPFAIL), unless `--timeout-exit-code` says otherwise.
@@ -63,19 +65,7 @@ pub struct RunArgs {
 
 /// Acquire, run CMD, release; returns CMD's exit status (or 75 / 76).
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let config = args.cluster.config().await?;
-    let client = crate::kubeconfig::client_from(config.clone())?;
-    let namespace = args
-        .namespace
-        .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
-        .unwrap_or_else(|| client.default_namespace().to_string());
-    // A second pool for the claim's writes keeps the release off a cold connection.
-    let writes = crate::kubeconfig::client_from(config)?;
-    let (name, ns) = (args.lock.clone(), namespace.clone());
-    let lock = Lock::builder(client, &namespace, &args.lock)
-        .write_client(writes)
-        .on_wait_event(move |event| eprintln!("{}", notice(event, &name, &ns)))
-        .build()?;
+    let (lock, namespace) = handle(&args).await?;
     // The supervisor is started now and waits: a process start costs milliseconds,
     // which belong to the wait, not to the handoff.
     let (program, rest) = args.command.split_first().expect("clap requires a command");
@@ -91,33 +81,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     nix::sys::prctl::set_dumpable(false)?;
     let mut child = cmd.spawn()?;
     drop(cmd); // closes our copies of the supervisor's ends of its pipes
-    let acquired = match (args.try_only, args.timeout) {
-        (true, _) => lock.try_acquire().await,
-        (false, Some(t)) => lock.acquire_timeout(t).await.map(Some),
-        (false, None) => lock.acquire().await.map(Some),
-    };
-    let guard = match acquired {
-        Ok(Some(g)) => g,
-        Ok(None) => {
-            eprintln!(
-                "leasehold: lock {} is taken (--try): not running the command",
-                args.lock
-            );
-            return Ok(ExitCode::from(args.timeout_exit_code));
-        }
-        Err(ClientError::Timeout(t)) if !args.try_only => {
-            eprintln!("leasehold: lock {} not granted within {t:?}", args.lock);
-            return Ok(ExitCode::from(args.timeout_exit_code));
-        }
-        Err(ClientError::Timeout(t)) => anyhow::bail!(
-            "no controller placed the claim for lock {} within {t:?} (--try): is the leasehold controller running?",
-            args.lock
-        ),
-        Err(ClientError::NoSuchLock(_)) => anyhow::bail!(
-            "lock {} does not exist in namespace {namespace} (kubectl get distributedlocks -n {namespace})",
-            args.lock
-        ),
-        Err(e) => return Err(e.into()),
+    let guard = match acquire(&lock, &args, &namespace).await? {
+        Ok(guard) => guard,
+        Err(code) => return Ok(code),
     };
     let token = guard.fencing_token();
     eprintln!("leasehold: holding lock {} with fencing token {token}", args.lock);
@@ -136,37 +102,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let pid = Pid::from_raw(child.id().expect("a just-spawned child has a pid") as i32);
-    let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
-    let ended = loop {
-        tokio::select! {
-            code = started.exited(), if started.reporting() => match code {
-                Some(code) => break Ended::Reported(code),
-                None => continue, // the supervisor ended unreported: its exit tells
-            },
-            status = child.wait() => break Ended::Exited(status?),
-            _ = term.recv() => { let _ = kill(pid, FORWARD_TERM_SIGNAL); }
-            _ = int.recv() => { let _ = kill(pid, Signal::SIGINT); }
-            _ = guard.lost() => {
-                let grace = safety_margin(guard.lease_duration());
-                eprintln!("leasehold: lost lock {}: stopping the command (SIGKILL in {grace:?})", args.lock);
-                let _ = kill(pid, FORWARD_TERM_SIGNAL);
-                if tokio::time::timeout(grace, child.wait()).await.is_err() {
-                    // The supervisor kills CMD's whole tree, then exits.
-                    let _ = kill(pid, KILL_TREE_SIGNAL);
-                    if tokio::time::timeout(KILL_TIMEOUT, child.wait()).await.is_err() {
-                        let _ = child.kill().await;
-                    }
-                }
-                if !outlived_by_nothing() {
-                    guard.abandon();
-                } else if let Err(e) = guard.release().await {
-                    eprintln!("leasehold: {e}");
-                }
-                return Ok(ExitCode::from(EXIT_LOST));
-            }
-        }
-    };
-    let code = match ended {
+    let code = match watch_command(&mut child, pid, &mut started, &guard).await? {
         // The supervisor saw CMD end with nothing of its tree left (it is a subreaper:
         // nothing of CMD's can be anywhere but below it) and is only exiting now:
         // release at once, and reap it after.
@@ -188,8 +124,104 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             }
             crate::supervise::exit_status(status)
         }
+        Ended::Lost => {
+            stop_on_loss((&mut child, pid), guard, &args.lock).await;
+            EXIT_LOST
+        }
     };
     Ok(ExitCode::from(code))
+}
+
+/// The lock handle `args` name, and its namespace.
+async fn handle(args: &RunArgs) -> anyhow::Result<(Lock, String)> {
+    let config = args.cluster.config().await?;
+    let client = crate::kubeconfig::client_from(config.clone())?;
+    let namespace = args
+        .namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    // A second pool for the claim's writes keeps the release off a cold connection.
+    let writes = crate::kubeconfig::client_from(config)?;
+    let (name, ns) = (args.lock.clone(), namespace.clone());
+    let lock = Lock::builder(client, &namespace, &args.lock)
+        .write_client(writes)
+        .on_wait_event(move |event| eprintln!("{}", notice(event, &name, &ns)))
+        .build()?;
+    Ok((lock, namespace))
+}
+
+/// Acquire as `args` say: the guard, or the exit status when the lock is not granted
+/// (taken, or not in time).
+async fn acquire(lock: &Lock, args: &RunArgs, namespace: &str) -> anyhow::Result<Result<Guard, ExitCode>> {
+    let acquired = match (args.try_only, args.timeout) {
+        (true, _) => lock.try_acquire().await,
+        (false, Some(t)) => lock.acquire_timeout(t).await.map(Some),
+        (false, None) => lock.acquire().await.map(Some),
+    };
+    let not_run = Err(ExitCode::from(args.timeout_exit_code));
+    match acquired {
+        Ok(Some(g)) => Ok(Ok(g)),
+        Ok(None) => {
+            eprintln!(
+                "leasehold: lock {} is taken (--try): not running the command",
+                args.lock
+            );
+            Ok(not_run)
+        }
+        Err(ClientError::Timeout(t)) if !args.try_only => {
+            eprintln!("leasehold: lock {} not granted within {t:?}", args.lock);
+            Ok(not_run)
+        }
+        Err(ClientError::Timeout(t)) => anyhow::bail!(
+            "no controller placed the claim for lock {} within {t:?} (--try): is the leasehold controller running?",
+            args.lock
+        ),
+        Err(ClientError::NoSuchLock(_)) => anyhow::bail!(
+            "lock {} does not exist in namespace {namespace} (kubectl get distributedlocks -n {namespace})",
+            args.lock
+        ),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Wait for CMD (under its supervisor `child`, process `pid`) to end, forwarding
+/// SIGTERM and SIGINT, or for the grant to be lost.
+async fn watch_command(child: &mut Child, pid: Pid, started: &mut Started, guard: &Guard) -> anyhow::Result<Ended> {
+    let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+    loop {
+        tokio::select! {
+            code = started.exited(), if started.reporting() => match code {
+                Some(code) => return Ok(Ended::Reported(code)),
+                None => continue, // the supervisor ended unreported: its exit tells
+            },
+            status = child.wait() => return Ok(Ended::Exited(status?)),
+            _ = term.recv() => { let _ = kill(pid, FORWARD_TERM_SIGNAL); }
+            _ = int.recv() => { let _ = kill(pid, Signal::SIGINT); }
+            _ = guard.lost() => return Ok(Ended::Lost),
+        }
+    }
+}
+
+/// The grant is lost: stop CMD's whole tree (SIGTERM; after the safety margin the
+/// supervisor's tree kill; after [`KILL_TIMEOUT`] more, the supervisor itself), and
+/// release only when nothing of it is left.
+async fn stop_on_loss((child, pid): (&mut Child, Pid), guard: Guard, lock: &str) {
+    let grace = safety_margin(guard.lease_duration());
+    eprintln!("leasehold: lost lock {lock}: stopping the command (SIGKILL in {grace:?})");
+    let _ = kill(pid, FORWARD_TERM_SIGNAL);
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        // The supervisor kills CMD's whole tree, then exits.
+        let _ = kill(pid, KILL_TREE_SIGNAL);
+        if tokio::time::timeout(KILL_TIMEOUT, child.wait()).await.is_err() {
+            let _ = child.kill().await;
+        }
+    }
+    if !outlived_by_nothing() {
+        guard.abandon();
+    } else if let Err(e) = guard.release().await {
+        eprintln!("leasehold: {e}");
+    }
 }
 
 /// How CMD's end became known.
@@ -198,10 +230,12 @@ enum Ended {
     Reported(u8),
     /// The supervisor exited (with CMD's status, or killed) without a report.
     Exited(std::process::ExitStatus),
+    /// The grant was lost while CMD ran.
+    Lost,
 }
 
 /// Give the grant back after CMD's work is done.
-async fn release(guard: crate::client::Guard) {
+async fn release(guard: Guard) {
     if let Err(e) = guard.release_retrying(RELEASE_TRIES).await {
         // CMD's work is done: its status is ours. The claim expires within a lease.
         eprintln!("leasehold: {e}; the claim will expire instead");

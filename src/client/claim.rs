@@ -31,8 +31,8 @@ pub(crate) enum Mode {
 }
 
 impl Mode {
-    /// When waiting must end (`try` waits [`super::TRY_ACQUIRE_TIMEOUT`] at most for
-    /// its claim to be placed).
+    /// When waiting must end, for a backend whose claims wait to be placed (the Lease
+    /// backend: a `try` waits [`super::TRY_ACQUIRE_TIMEOUT`] at most for that).
     pub fn until(&self) -> Option<tokio::time::Instant> {
         match self {
             Mode::Wait => None,
@@ -80,7 +80,8 @@ pub(crate) struct Granted {
 /// [`Claim`] for what it grants, and a [`super::session::Renewer`] for its renewals).
 pub(crate) trait Backend: Send + Sync {
     /// Create a claim and wait for its grant as `request.mode` says: `None` when a
-    /// try found the lock taken. From the grant on, the backend reports the grant's
+    /// try was not granted at once (the lock taken, or the claim not standing as
+    /// made). From the grant on, the backend reports the grant's
     /// loss through [`Session::lose`]; a claim not granted is withdrawn before this
     /// returns, and when the future is dropped (see [`Withdraw`]).
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Option<Granted>, Error>>;
@@ -89,8 +90,8 @@ pub(crate) trait Backend: Send + Sync {
 /// How a claim is given up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GiveUp {
-    /// Its holder's first try: the backend's quickest way (the Lease backend tells the
-    /// controller first).
+    /// The first try of a session that held (an etcd claim holds from its creation):
+    /// the backend's quickest way (the Lease backend tells the controller first).
     Holder,
     /// A withdrawal, or a retry: the one write that gives the claim up.
     Write,

@@ -153,25 +153,10 @@ impl ControlPlane {
         std::fs::rename(&tmp, &self.kubeconfig).map_err(|e| prep(&self.kubeconfig, e))
     }
 
-    async fn launch(&mut self, bin: &Path, leasehold: &Path, controllers: &str) -> Result<(), DevError> {
-        let started = Instant::now();
+    /// Start etcd on `[client, peer]` ports, its data on tmpfs where there is one
+    /// (fsyncs there cost nothing); its client URL.
+    fn start_etcd(&mut self, bin: &Path, leasehold: &Path, [client, peer]: [u16; 2]) -> Result<String, DevError> {
         let d = self.dir.clone();
-        let token = format!("{:032x}", rand::random::<u128>());
-        let [etcd_port, peer_port, api_port] = free_ports();
-        write(&d.join("tokens.csv"), &format!("{token},admin,admin,system:masters\n"))?;
-        write(&self.kubeconfig, &kubeconfig_yaml(api_port, &token, None))?;
-        let sa_key = d.join("sa.key");
-        let status = std::process::Command::new("openssl")
-            .args(["genrsa", "-out"])
-            .arg(&sa_key)
-            .arg("2048")
-            .stderr(std::process::Stdio::null())
-            .status()
-            .map_err(|e| DevError::Spawn("openssl", e))?;
-        if !status.success() {
-            return Err(prep(&sa_key, std::io::Error::other("openssl genrsa failed")));
-        }
-        // etcd's data on tmpfs where there is one: fsyncs there cost nothing.
         let shm = Path::new("/dev/shm");
         let data = if shm.is_dir() {
             shm.join(
@@ -183,101 +168,113 @@ impl ControlPlane {
             d.join("etcd")
         };
         write(&d.join("etcd-data-dir"), &data.to_string_lossy())?;
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let etcd_url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
         // Beside the kubeconfig, for tools that talk to etcd itself (`etcdctl lock` in
         // the handoff benchmark).
         write(&d.join(ETCD_ENDPOINT_FILE), &etcd_url)?;
-        self.spawn(
-            leasehold,
-            "etcd",
-            &bin.join("etcd"),
-            &[
-                "--data-dir",
-                &data.to_string_lossy(),
-                "--name",
-                "default",
-                "--listen-client-urls",
-                &etcd_url,
-                "--advertise-client-urls",
-                &etcd_url,
-                "--listen-peer-urls",
-                &peer_url,
-                "--initial-advertise-peer-urls",
-                &peer_url,
-                "--initial-cluster",
-                &format!("default={peer_url}"),
-                "--log-level",
-                "warn",
-            ],
-        )?;
-        let certs = d.join("certs");
-        self.spawn(
-            leasehold,
-            "kube-apiserver",
-            &bin.join("kube-apiserver"),
-            &[
-                "--etcd-servers",
-                &etcd_url,
-                "--bind-address",
-                "127.0.0.1",
-                "--secure-port",
-                &api_port.to_string(),
-                "--insecure-port",
-                "0",
-                "--cert-dir",
-                &certs.to_string_lossy(),
-                "--token-auth-file",
-                &d.join("tokens.csv").to_string_lossy(),
-                "--authorization-mode",
-                "RBAC",
-                "--service-account-issuer",
-                "https://kubernetes.default.svc",
-                "--service-account-key-file",
-                &sa_key.to_string_lossy(),
-                "--service-account-signing-key-file",
-                &sa_key.to_string_lossy(),
-                "--service-cluster-ip-range",
-                "10.96.0.0/16",
-                "--advertise-address",
-                "127.0.0.1",
-                "--profiling=true",
-            ],
-        )?;
+        let args = [
+            "--data-dir",
+            &data.to_string_lossy(),
+            "--name",
+            "default",
+            "--listen-client-urls",
+            &etcd_url,
+            "--advertise-client-urls",
+            &etcd_url,
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+            "--initial-cluster",
+            &format!("default={peer_url}"),
+            "--log-level",
+            "warn",
+        ];
+        self.spawn(leasehold, "etcd", &bin.join("etcd"), &args)?;
+        Ok(etcd_url)
+    }
+
+    /// Start kube-controller-manager with `controllers`, if `bin` has one (without it,
+    /// claims of deleted pods are not garbage-collected).
+    fn start_controller_manager(
+        &mut self,
+        (bin, leasehold): (&Path, &Path),
+        controllers: &str,
+        sa_key: &Path,
+        certs: &Path,
+    ) -> Result<(), DevError> {
+        let kcm = bin.join("kube-controller-manager");
+        if !kcm.exists() {
+            tracing::warn!(
+                "no kube-controller-manager in {}: claims of deleted pods are not garbage-collected",
+                bin.display()
+            );
+            return Ok(());
+        }
+        let (kubeconfig, ca) = (self.kubeconfig.clone(), certs.join("apiserver.crt"));
+        let args = [
+            "--kubeconfig",
+            &kubeconfig.to_string_lossy(),
+            "--controllers",
+            controllers,
+            "--service-account-private-key-file",
+            &sa_key.to_string_lossy(),
+            "--root-ca-file",
+            &ca.to_string_lossy(),
+            "--leader-elect=false",
+            "--secure-port",
+            "0",
+            "--port",
+            "0",
+        ];
+        self.spawn(leasehold, "kube-controller-manager", &kcm, &args)
+    }
+
+    async fn launch(&mut self, bin: &Path, leasehold: &Path, controllers: &str) -> Result<(), DevError> {
+        let started = Instant::now();
+        let d = self.dir.clone();
+        let token = format!("{:032x}", rand::random::<u128>());
+        let [etcd_port, peer_port, api_port] = free_ports();
+        write(&d.join("tokens.csv"), &format!("{token},admin,admin,system:masters\n"))?;
+        write(&self.kubeconfig, &kubeconfig_yaml(api_port, &token, None))?;
+        let sa_key = service_account_key(&d)?;
+        let etcd_url = self.start_etcd(bin, leasehold, [etcd_port, peer_port])?;
+        let (certs, tokens) = (d.join("certs"), d.join("tokens.csv"));
+        let args = [
+            "--etcd-servers",
+            &etcd_url,
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            &api_port.to_string(),
+            "--insecure-port",
+            "0",
+            "--cert-dir",
+            &certs.to_string_lossy(),
+            "--token-auth-file",
+            &tokens.to_string_lossy(),
+            "--authorization-mode",
+            "RBAC",
+            "--service-account-issuer",
+            "https://kubernetes.default.svc",
+            "--service-account-key-file",
+            &sa_key.to_string_lossy(),
+            "--service-account-signing-key-file",
+            &sa_key.to_string_lossy(),
+            "--service-cluster-ip-range",
+            "10.96.0.0/16",
+            "--advertise-address",
+            "127.0.0.1",
+            "--profiling=true",
+        ];
+        self.spawn(leasehold, "kube-apiserver", &bin.join("kube-apiserver"), &args)?;
         let client = crate::kubeconfig::client_for(&self.kubeconfig)
             .await
             .map_err(DevError::Client)?;
         self.wait_ready(&client).await?;
         self.trust_serving_ca(&certs, api_port, &token)?;
-        let kcm = bin.join("kube-controller-manager");
-        if kcm.exists() {
-            let kubeconfig = self.kubeconfig.clone();
-            self.spawn(
-                leasehold,
-                "kube-controller-manager",
-                &kcm,
-                &[
-                    "--kubeconfig",
-                    &kubeconfig.to_string_lossy(),
-                    "--controllers",
-                    controllers,
-                    "--service-account-private-key-file",
-                    &sa_key.to_string_lossy(),
-                    "--root-ca-file",
-                    &certs.join("apiserver.crt").to_string_lossy(),
-                    "--leader-elect=false",
-                    "--secure-port",
-                    "0",
-                    "--port",
-                    "0",
-                ],
-            )?;
-        } else {
-            tracing::warn!(
-                "no kube-controller-manager in {}: claims of deleted pods are not garbage-collected",
-                bin.display()
-            );
-        }
+        self.start_controller_manager((bin, leasehold), controllers, &sa_key, &certs)?;
         let pids: Vec<String> = self.pids().iter().map(u32::to_string).collect();
         write(&d.join("pids"), &pids.join("\n"))?;
         tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, dir = %d.display(), "local control plane ready");
@@ -287,4 +284,20 @@ impl ControlPlane {
 
 fn prep(path: &Path, e: std::io::Error) -> DevError {
     DevError::Prepare(path.display().to_string(), e)
+}
+
+/// Make the service-account signing key in `dir`.
+fn service_account_key(dir: &Path) -> Result<PathBuf, DevError> {
+    let sa_key = dir.join("sa.key");
+    let status = std::process::Command::new("openssl")
+        .args(["genrsa", "-out"])
+        .arg(&sa_key)
+        .arg("2048")
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| DevError::Spawn("openssl", e))?;
+    if !status.success() {
+        return Err(prep(&sa_key, std::io::Error::other("openssl genrsa failed")));
+    }
+    Ok(sa_key)
 }

@@ -154,6 +154,79 @@ struct LockRun {
     last_token: i64,
 }
 
+/// What a lock's current holder says of the run.
+enum Judged {
+    /// A status from before the last release.
+    Stale,
+    /// A grant out of order: the lock would wait for ever on a release never sent.
+    OutOfOrder,
+    /// The next grant in order (its token checked and counted).
+    Next,
+}
+
+impl LockRun {
+    /// Judge `holder` of lock `name`, whose claims were made in `order`, recording
+    /// grants and violations in `out`.
+    fn judge(&mut self, name: &str, order: &[String], holder: &crate::api::Holder, out: &mut Outcome) -> Judged {
+        if self.next >= order.len() || holder.claim != order[self.next] {
+            if order[..self.next].contains(&holder.claim) {
+                return Judged::Stale;
+            }
+            out.violations
+                .push(format!("{name}: granted {} out of order", holder.claim));
+            return Judged::OutOfOrder;
+        }
+        if holder.fencing_token <= self.last_token {
+            out.violations.push(format!(
+                "{name}: token {} after {}",
+                holder.fencing_token, self.last_token
+            ));
+        }
+        out.grants += 1;
+        self.last_token = holder.fencing_token;
+        self.next += 1;
+        Judged::Next
+    }
+}
+
+/// When each lock's last release was sent.
+type Sent = Arc<std::sync::Mutex<HashMap<String, Instant>>>;
+
+/// The releaser: sends the releases (lock, claim) it is given in order, paced when a
+/// rate is offered, [`IN_FLIGHT`] at most at once, noting in `sent` when each went.
+fn releaser(
+    leases: Api<Lease>,
+    rate: Option<f64>,
+    sent: Sent,
+) -> (
+    tokio::sync::mpsc::UnboundedSender<(String, String)>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+    let task = tokio::spawn(async move {
+        let gate = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+        let pace = rate.map(|r| Duration::from_secs_f64(1.0 / r));
+        let mut next_at = tokio::time::Instant::now();
+        while let Some((lock, claim)) = rx.recv().await {
+            if let Some(p) = pace {
+                tokio::time::sleep_until(next_at).await;
+                next_at = next_at.max(tokio::time::Instant::now() - p) + p;
+            }
+            let permit = gate.clone().acquire_owned().await.expect("never closed");
+            let leases = leases.clone();
+            sent.lock().expect("sent lock").insert(lock, Instant::now());
+            tokio::spawn(async move {
+                let patch = Patch::Merge(release_patch());
+                if let Err(e) = leases.patch(&claim, &PatchParams::default(), &patch).await {
+                    tracing::warn!(claim, error = %e, "release failed");
+                }
+                drop(permit);
+            });
+        }
+    });
+    (tx, task)
+}
+
 /// Delete every lock in `ns` and wait until they are gone (a controller must run: it
 /// removes their finalizer), then every claim left in `ns`.
 pub async fn remove_locks(client: &Client, ns: &str) -> anyhow::Result<()> {
@@ -193,34 +266,9 @@ pub async fn drive(client: &Client, w: &Workload, rate: Option<f64>, deadline: D
             (k.clone(), run)
         })
         .collect();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
     // When each lock's last release was sent.
-    let sent: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
-    // The releaser: the releases in order, paced when a rate is offered.
-    let releases = tokio::spawn({
-        let (leases, sent) = (leases.clone(), sent.clone());
-        async move {
-            let gate = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
-            let pace = rate.map(|r| Duration::from_secs_f64(1.0 / r));
-            let mut next_at = tokio::time::Instant::now();
-            while let Some((lock, claim)) = rx.recv().await {
-                if let Some(p) = pace {
-                    tokio::time::sleep_until(next_at).await;
-                    next_at = next_at.max(tokio::time::Instant::now() - p) + p;
-                }
-                let permit = gate.clone().acquire_owned().await.expect("never closed");
-                let leases = leases.clone();
-                sent.lock().expect("sent lock").insert(lock, Instant::now());
-                tokio::spawn(async move {
-                    let patch = Patch::Merge(release_patch());
-                    if let Err(e) = leases.patch(&claim, &PatchParams::default(), &patch).await {
-                        tracing::warn!(claim, error = %e, "release failed");
-                    }
-                    drop(permit);
-                });
-            }
-        }
-    });
+    let sent: Sent = Arc::default();
+    let (tx, releases) = releaser(leases, rate, sent.clone());
     let mut out = Outcome::default();
     // With a rate: the first grants' releases, held until every lock has one.
     let mut held: Option<Vec<(String, String)>> = rate.map(|_| Vec::new());
@@ -243,28 +291,15 @@ pub async fn drive(client: &Client, w: &Workload, rate: Option<f64>, deadline: D
         let Some(holder) = lock.status.as_ref().and_then(|s| s.holders.first()) else {
             continue;
         };
-        if run.next >= order.len() || holder.claim != order[run.next] {
-            if order[..run.next].contains(&holder.claim) {
-                continue; // a status from before our last release
-            }
-            // Out of order: that lock would wait for ever on a release we never send.
-            out.violations
-                .push(format!("{name}: granted {} out of order", holder.claim));
-            break;
-        }
-        if holder.fencing_token <= run.last_token {
-            out.violations.push(format!(
-                "{name}: token {} after {}",
-                holder.fencing_token, run.last_token
-            ));
+        match run.judge(&name, order, holder, &mut out) {
+            Judged::Stale => continue,
+            Judged::OutOfOrder => break,
+            Judged::Next => {}
         }
         let seen = Instant::now();
         if let Some(at) = sent.lock().expect("sent lock").remove(&name) {
             out.handoffs.push(seen - at);
         }
-        out.grants += 1;
-        run.last_token = holder.fencing_token;
-        run.next += 1;
         match held.as_mut() {
             Some(first) => {
                 first.push((name, holder.claim.clone()));
@@ -286,8 +321,8 @@ pub async fn drive(client: &Client, w: &Workload, rate: Option<f64>, deadline: D
 /// Per lock: when each grant (with its token) and each release (`None`) happened.
 type Marks = HashMap<String, Vec<(Instant, Option<i64>)>>;
 
-/// The etcd backend's workload: `locks` etcd-backed locks (claims under `prefix` on the
-/// etcd at `etcd`) and `claimants` in-process clients each, every one acquiring its
+/// The etcd backend's workload: `locks` etcd-backed locks (claims under a prefix of `ns`
+/// on the etcd at `etcd`) and `claimants` in-process clients each, every one acquiring its
 /// lock once and releasing at once. Grants are etcd's: checked per lock for strictly
 /// increasing tokens (create revisions, so FIFO by creation), handoff = `release()`
 /// called → the lock's next `acquire()` returned.
@@ -299,26 +334,9 @@ pub async fn drive_etcd(
     claimants: usize,
     deadline: Duration,
 ) -> anyhow::Result<Outcome> {
-    use crate::api::{Backend, EtcdBackend};
     namespace(client, ns).await?;
     let ids = pods(client, ns, "c", claimants).await?;
-    let lock_api: Api<DistributedLock> = Api::namespaced(client.clone(), ns);
-    for i in 0..locks {
-        let spec = DistributedLockSpec {
-            lease_duration_seconds: 60,
-            backend: Some(Backend {
-                etcd: Some(EtcdBackend {
-                    endpoints: vec![etcd.into()],
-                    key_prefix: Some(format!("/leasehold-scale-{ns}")),
-                    tls_secret_ref: None,
-                }),
-            }),
-            ..Default::default()
-        };
-        lock_api
-            .create(&PostParams::default(), &DistributedLock::new(&format!("l{i}"), spec))
-            .await?;
-    }
+    etcd_locks(client, ns, etcd, locks).await?;
     // Per lock, in the order they happened: grants (with their token) and releases.
     let marks: Arc<std::sync::Mutex<Marks>> = Arc::default();
     let started = Instant::now();
@@ -362,7 +380,38 @@ pub async fn drive_etcd(
         elapsed: started.elapsed(),
         ..Default::default()
     };
-    for (name, marks) in marks.lock().expect("marks").iter() {
+    score(&marks.lock().expect("marks"), &mut out);
+    Ok(out)
+}
+
+/// Create locks `l0`.. `l{locks - 1}` in `ns`, their claims under a prefix of `ns` on
+/// the etcd at `etcd`.
+async fn etcd_locks(client: &Client, ns: &str, etcd: &str, locks: usize) -> anyhow::Result<()> {
+    use crate::api::{Backend, EtcdBackend};
+    let lock_api: Api<DistributedLock> = Api::namespaced(client.clone(), ns);
+    for i in 0..locks {
+        let spec = DistributedLockSpec {
+            lease_duration_seconds: 60,
+            backend: Some(Backend {
+                etcd: Some(EtcdBackend {
+                    endpoints: vec![etcd.into()],
+                    key_prefix: Some(format!("/leasehold-scale-{ns}")),
+                    tls_secret_ref: None,
+                }),
+            }),
+            ..Default::default()
+        };
+        lock_api
+            .create(&PostParams::default(), &DistributedLock::new(&format!("l{i}"), spec))
+            .await?;
+    }
+    Ok(())
+}
+
+/// Count grants, token regressions and handoffs (a release → the lock's next grant)
+/// from each lock's `marks` into `out`.
+fn score(marks: &Marks, out: &mut Outcome) {
+    for (name, marks) in marks.iter() {
         let mut last_token = 0;
         let mut released: Option<Instant> = None;
         for (at, token) in marks {
@@ -381,5 +430,4 @@ pub async fn drive_etcd(
             }
         }
     }
-    Ok(out)
 }

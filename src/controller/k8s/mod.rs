@@ -182,7 +182,7 @@ async fn renewed_unseen(ctx: &Context, ns: &str, plan: &Plan) -> Result<bool, Er
         match leases.delete(&name, &delete_as_read(&fresh)).await {
             // Deleted, or being deleted (something holds the object back): either way
             // a renewal from now on is refused or, on a terminating object, no renewal
-            // to its client (see `client::session`).
+            // to its client (see `KubeRenewer` in `client::k8s::claim`).
             Ok(_) => ctx.k8s.tombstones.bury_expired(&fresh, Instant::now()),
             Err(kube::Error::Api(s)) if s.is_conflict() => {
                 // Written since the read: look again (a release mark is no renewal).
