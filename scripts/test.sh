@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run every check and test: formatting, clippy, the Helm chart checks, the real-node
-# end-to-end scenario (as root), and unit, property and integration tests against a
-# real local control plane (etcd + kube-apiserver + kube-controller-manager on loopback).
+# Run every check and test: formatting, clippy, the Helm chart checks, the end-to-end
+# scenario on a real node and, with the multi-node faults, on a 3-node cluster (as root),
+# and unit, property and integration tests against a real local control plane (etcd +
+# kube-apiserver + kube-controller-manager on loopback).
 # Installs what it needs on Debian/Ubuntu (root or sudo). Extra args go to the test binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,8 +37,10 @@ export LEASEHOLD_HELM
 if [ "$(id -u)" = 0 ]; then
   step "end-to-end scenario on a real node (containerd + kubelet): tests/e2e/real-node.sh"
   tests/e2e/real-node.sh
+  step "the scenario and the multi-node faults on a 3-node cluster: tests/e2e/multi-node.sh"
+  tests/e2e/multi-node.sh
 else
-  printf '\n*** SKIPPED tests/e2e/real-node.sh: it needs root (containerd, kubelet). ***\n\n' >&2
+  printf '\n*** SKIPPED tests/e2e/real-node.sh and tests/e2e/multi-node.sh: they need root (containerd, kubelet, network namespaces). ***\n\n' >&2
 fi
 
 step "chaos soak, short version (60 s): cargo test --bench soak -- --seconds 60"

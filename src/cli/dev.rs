@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use nix::sys::signal::Signal;
 
-use crate::dev::ControlPlane;
+use crate::dev::{ControlPlane, Layout};
 
 /// Options of `leasehold dev`.
 #[derive(clap::Args, Debug)]
@@ -22,6 +22,14 @@ pub struct DevArgs {
     /// The kube-controller-manager controllers to run (comma-separated).
     #[arg(long, default_value = crate::dev::DEFAULT_CONTROLLERS)]
     pub kcm_controllers: String,
+    /// The address kube-apiserver listens on and advertises (the kubeconfig's server):
+    /// loopback, or an address nodes in other network namespaces reach.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub address: std::net::IpAddr,
+    /// Give each node that registers a /24 of this pod network (kube-controller-manager's
+    /// nodeipam controller), e.g. 10.244.0.0/16.
+    #[arg(long, value_name = "CIDR")]
+    pub cluster_cidr: Option<String>,
 }
 
 /// Start the control plane, install the CRD, print `KUBECONFIG=...` on stdout, and run
@@ -32,10 +40,18 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let started = Instant::now();
-    eprintln!("leasehold dev: starting etcd, kube-apiserver and kube-controller-manager on loopback...");
+    eprintln!(
+        "leasehold dev: starting etcd, kube-apiserver (on {}) and kube-controller-manager...",
+        args.address
+    );
     let leasehold = crate::supervise::self_exe()?;
+    let layout = Layout {
+        controllers: args.kcm_controllers.clone(),
+        address: args.address,
+        cluster_cidr: args.cluster_cidr.clone(),
+    };
     let cp = tokio::select! {
-        cp = ControlPlane::start_with(&leasehold, &args.kcm_controllers) => cp?,
+        cp = ControlPlane::start_with(&leasehold, layout) => cp?,
         _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted while starting"),
         _ = term.recv() => anyhow::bail!("terminated while starting"),
     };

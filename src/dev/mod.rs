@@ -48,6 +48,30 @@ pub fn etcd_endpoint(kubeconfig: &Path) -> std::io::Result<String> {
 /// collection of claims, namespace deletion and ServiceAccount tokens.
 pub const DEFAULT_CONTROLLERS: &str = "garbagecollector,namespace,serviceaccount-token,serviceaccount";
 
+/// How a control plane is laid out.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    /// The kube-controller-manager controllers to run (comma-separated).
+    pub controllers: String,
+    /// Where kube-apiserver listens and what it advertises (the `kubernetes` Service's
+    /// endpoint): loopback for one machine, a bridge's address for nodes in network
+    /// namespaces (`tests/e2e/cluster.sh`).
+    pub address: std::net::IpAddr,
+    /// The pods' network: kube-controller-manager gives each node a /24 of it (its
+    /// `nodeipam` controller runs too).
+    pub cluster_cidr: Option<String>,
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Layout {
+            controllers: DEFAULT_CONTROLLERS.to_string(),
+            address: std::net::Ipv4Addr::LOCALHOST.into(),
+            cluster_cidr: None,
+        }
+    }
+}
+
 /// Errors of the local control plane, each naming the step that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DevError {
@@ -78,6 +102,7 @@ pub enum DevError {
 pub struct ControlPlane {
     dir: PathBuf,
     kubeconfig: PathBuf,
+    layout: Layout,
     children: Vec<(&'static str, Child)>,
     /// How each child was started: (name, leasehold binary, program, arguments).
     specs: Vec<(&'static str, PathBuf, PathBuf, Vec<String>)>,
@@ -91,11 +116,11 @@ impl ControlPlane {
     /// until the API server is ready. `leasehold` is the path of the leasehold binary,
     /// used to guard the children.
     pub async fn start(leasehold: &Path) -> Result<Self, DevError> {
-        Self::start_with(leasehold, DEFAULT_CONTROLLERS).await
+        Self::start_with(leasehold, Layout::default()).await
     }
 
-    /// [`ControlPlane::start`], running these kube-controller-manager `controllers`.
-    pub async fn start_with(leasehold: &Path, controllers: &str) -> Result<Self, DevError> {
+    /// [`ControlPlane::start`], laid out as `layout` says.
+    pub async fn start_with(leasehold: &Path, layout: Layout) -> Result<Self, DevError> {
         let bin = binaries().await?;
         sweep_stale_dirs();
         let dir = new_dir()?;
@@ -104,11 +129,12 @@ impl ControlPlane {
         let mut cp = ControlPlane {
             kubeconfig: dir.join("kubeconfig"),
             dir,
+            layout,
             children: Vec::new(),
             specs: Vec::new(),
             _alive: alive,
         };
-        cp.launch(&bin, leasehold, controllers).await?;
+        cp.launch(&bin, leasehold).await?;
         Ok(cp)
     }
 
@@ -149,7 +175,10 @@ impl ControlPlane {
         let ca_path = certs.join("ca.crt");
         write(&ca_path, &ca)?;
         let tmp = self.kubeconfig.with_extension("new");
-        write(&tmp, &kubeconfig_yaml(api_port, token, Some(&ca_path)))?;
+        write(
+            &tmp,
+            &kubeconfig_yaml((self.layout.address, api_port), token, Some(&ca_path)),
+        )?;
         std::fs::rename(&tmp, &self.kubeconfig).map_err(|e| prep(&self.kubeconfig, e))
     }
 
@@ -195,12 +224,11 @@ impl ControlPlane {
         Ok(etcd_url)
     }
 
-    /// Start kube-controller-manager with `controllers`, if `bin` has one (without it,
+    /// Start kube-controller-manager as the layout says, if `bin` has one (without it,
     /// claims of deleted pods are not garbage-collected).
     fn start_controller_manager(
         &mut self,
         (bin, leasehold): (&Path, &Path),
-        controllers: &str,
         sa_key: &Path,
         certs: &Path,
     ) -> Result<(), DevError> {
@@ -212,32 +240,42 @@ impl ControlPlane {
             );
             return Ok(());
         }
-        let (kubeconfig, ca) = (self.kubeconfig.clone(), certs.join("apiserver.crt"));
-        let args = [
-            "--kubeconfig",
-            &kubeconfig.to_string_lossy(),
-            "--controllers",
-            controllers,
-            "--service-account-private-key-file",
-            &sa_key.to_string_lossy(),
-            "--root-ca-file",
-            &ca.to_string_lossy(),
-            "--leader-elect=false",
-            "--secure-port",
-            "0",
-            "--port",
-            "0",
+        let mut controllers = self.layout.controllers.clone();
+        let mut args: Vec<String> = vec![
+            "--kubeconfig".into(),
+            self.kubeconfig.to_string_lossy().into_owned(),
+            "--service-account-private-key-file".into(),
+            sa_key.to_string_lossy().into_owned(),
+            "--root-ca-file".into(),
+            certs.join("apiserver.crt").to_string_lossy().into_owned(),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+            "--port=0".into(),
         ];
+        if let Some(cidr) = &self.layout.cluster_cidr {
+            if !controllers.split(',').any(|c| c == "nodeipam") {
+                controllers.push_str(",nodeipam");
+            }
+            args.push("--allocate-node-cidrs=true".into());
+            args.push(format!("--cluster-cidr={cidr}"));
+            args.push("--node-cidr-mask-size=24".into());
+        }
+        args.push(format!("--controllers={controllers}"));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.spawn(leasehold, "kube-controller-manager", &kcm, &args)
     }
 
-    async fn launch(&mut self, bin: &Path, leasehold: &Path, controllers: &str) -> Result<(), DevError> {
+    async fn launch(&mut self, bin: &Path, leasehold: &Path) -> Result<(), DevError> {
         let started = Instant::now();
         let d = self.dir.clone();
         let token = format!("{:032x}", rand::random::<u128>());
         let [etcd_port, peer_port, api_port] = free_ports();
         write(&d.join("tokens.csv"), &format!("{token},admin,admin,system:masters\n"))?;
-        write(&self.kubeconfig, &kubeconfig_yaml(api_port, &token, None))?;
+        let address = self.layout.address.to_string();
+        write(
+            &self.kubeconfig,
+            &kubeconfig_yaml((self.layout.address, api_port), &token, None),
+        )?;
         let sa_key = service_account_key(&d)?;
         let etcd_url = self.start_etcd(bin, leasehold, [etcd_port, peer_port])?;
         let (certs, tokens) = (d.join("certs"), d.join("tokens.csv"));
@@ -245,7 +283,7 @@ impl ControlPlane {
             "--etcd-servers",
             &etcd_url,
             "--bind-address",
-            "127.0.0.1",
+            &address,
             "--secure-port",
             &api_port.to_string(),
             "--insecure-port",
@@ -265,7 +303,9 @@ impl ControlPlane {
             "--service-cluster-ip-range",
             "10.96.0.0/16",
             "--advertise-address",
-            "127.0.0.1",
+            &address,
+            // Nodes by their address: their names resolve nowhere (exec, logs).
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--profiling=true",
         ];
         self.spawn(leasehold, "kube-apiserver", &bin.join("kube-apiserver"), &args)?;
@@ -274,7 +314,7 @@ impl ControlPlane {
             .map_err(DevError::Client)?;
         self.wait_ready(&client).await?;
         self.trust_serving_ca(&certs, api_port, &token)?;
-        self.start_controller_manager((bin, leasehold), controllers, &sa_key, &certs)?;
+        self.start_controller_manager((bin, leasehold), &sa_key, &certs)?;
         let pids: Vec<String> = self.pids().iter().map(u32::to_string).collect();
         write(&d.join("pids"), &pids.join("\n"))?;
         tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, dir = %d.display(), "local control plane ready");

@@ -55,16 +55,17 @@ pub(super) fn write(path: &Path, text: &str) -> Result<(), DevError> {
     std::fs::write(path, text).map_err(|e| prep(path, e))
 }
 
-/// The admin kubeconfig of a control plane on loopback `port` with bearer `token`,
+/// The admin kubeconfig of a control plane at `(address, port)` with bearer `token`,
 /// trusting the CA certificate at `ca`, or (before the API server has made its
 /// certificate) any certificate.
-pub(super) fn kubeconfig_yaml(port: u16, token: &str, ca: Option<&Path>) -> String {
+pub(super) fn kubeconfig_yaml((address, port): (std::net::IpAddr, u16), token: &str, ca: Option<&Path>) -> String {
+    let server = std::net::SocketAddr::new(address, port);
     let trust = match ca {
         Some(ca) => format!("certificate-authority: {}", ca.display()),
         None => "insecure-skip-tls-verify: true".to_owned(),
     };
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: leasehold-dev\n  cluster:\n    server: https://127.0.0.1:{port}\n    {trust}\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: leasehold-dev\n  context:\n    cluster: leasehold-dev\n    user: admin\n    namespace: default\ncurrent-context: leasehold-dev\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: leasehold-dev\n  cluster:\n    server: https://{server}\n    {trust}\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: leasehold-dev\n  context:\n    cluster: leasehold-dev\n    user: admin\n    namespace: default\ncurrent-context: leasehold-dev\n"
     )
 }
 
@@ -107,12 +108,21 @@ mod tests {
 
     #[test]
     fn the_kubeconfig_trusts_the_ca_once_there_is_one() {
-        let with_ca = kubeconfig_yaml(6443, "t", Some(Path::new("/d/certs/ca.crt")));
+        let with_ca = kubeconfig_yaml(
+            (std::net::Ipv4Addr::LOCALHOST.into(), 6443),
+            "t",
+            Some(Path::new("/d/certs/ca.crt")),
+        );
         let parsed = kube::config::Kubeconfig::from_yaml(&with_ca).expect("valid kubeconfig");
         let cluster = parsed.clusters[0].cluster.as_ref().expect("a cluster");
         assert_eq!(cluster.certificate_authority.as_deref(), Some("/d/certs/ca.crt"));
         assert_eq!(cluster.insecure_skip_tls_verify, None);
-        let before = kube::config::Kubeconfig::from_yaml(&kubeconfig_yaml(6443, "t", None)).expect("valid kubeconfig");
+        let before = kube::config::Kubeconfig::from_yaml(&kubeconfig_yaml(
+            (std::net::Ipv4Addr::LOCALHOST.into(), 6443),
+            "t",
+            None,
+        ))
+        .expect("valid kubeconfig");
         assert_eq!(
             before.clusters[0]
                 .cluster

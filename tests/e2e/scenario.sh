@@ -8,6 +8,11 @@
 #   POD_EXTRAS     YAML lines added to every pod spec (6 spaces of indent), may be empty;
 #   ENV_EXTRAS     YAML env list items added to every container (12 spaces), may be empty;
 #   HELM_EXTRA     array of extra `helm install` arguments.
+# SPREAD_REPLICAS holds the `helm install` arguments that keep the controller replicas on
+# different nodes (a topology spread that must be met); the multi-node providers add it.
+SPREAD_REPLICAS=(--set "topologySpreadConstraints[0].maxSkew=1"
+  --set "topologySpreadConstraints[0].topologyKey=kubernetes.io/hostname"
+  --set "topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule")
 
 SYSNS=leasehold-system
 k() { "$KUBECTL" "$@"; }
@@ -16,10 +21,12 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 # Run the command until it succeeds, once a second, for at most $1 seconds.
 until_ok() { local t=$1; shift; for _ in $(seq "$t"); do "$@" >/dev/null 2>&1 && return 0; sleep 1; done; "$@"; }
 
-# pod_spec RESTART SCRIPT: a pod spec running `leasehold run` with SCRIPT as CMD; $OUT is
+# pod_spec RESTART LOCK SCRIPT [COMMAND]: a pod spec running `leasehold run --lock LOCK`
+# with SCRIPT as CMD (or COMMAND, a JSON list, with SCRIPT as its argument); $OUT is
 # where the script writes its `start|end|term <token> <pod> <ns-time>` lines.
 pod_spec() {
   local restart=$1 lock=$2 script=$3 out=/dev/stdout mount=""
+  local command=${4:-"[\"leasehold\", \"run\", \"--lock\", \"$lock\", \"--\", \"sh\", \"-c\"]"}
   if [ "$LOG_MODE" = hostpath ]; then
     out=/shared/log
     mount=$'          volumeMounts: [{ name: shared, mountPath: /shared }]\n'
@@ -34,8 +41,8 @@ ${POD_EXTRAS:-}
         - name: worker
           image: $IMAGE
           imagePullPolicy: Never
-          command: ["leasehold", "run", "--lock", "$lock", "--"]
-          args: ["sh", "-c", '$script']
+          command: $command
+          args: ['$script']
 ${mount}          env:
             - { name: OUT, value: "$out" }
             - { name: POD_NAME, valueFrom: { fieldRef: { fieldPath: metadata.name } } }
