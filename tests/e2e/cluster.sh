@@ -123,19 +123,7 @@ start_node() {
   in_node "$n" ip route add default via "$HOST_IP"
   in_node "$n" sysctl -qw net.ipv4.ip_forward=1
   in_node "$n" sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
-  containerd config default > "$d/containerd.toml"
-  python3 - "$d" <<'PY'
-import re, sys
-d = sys.argv[1]
-p = f"{d}/containerd.toml"
-s = open(p).read()
-s = s.replace("restrict_oom_score_adj = false", "restrict_oom_score_adj = true")
-s = re.sub(r'sandbox_image = ".*"', 'sandbox_image = "docker.io/library/pause:local"', s)
-s = re.sub(r'bin_dir = ".*"', 'bin_dir = "/usr/lib/cni"', s)
-s = re.sub(r'conf_dir = ".*"', f'conf_dir = "{d}/cni"', s)
-s = s.replace("SystemdCgroup = true", "SystemdCgroup = false")
-open(p, "w").write(s)
-PY
+  tests/e2e/containerd-config.sh "$d/containerd.toml" "$d/cni"
   local sock=$d/containerd.sock
   detach "$d/containerd" nsenter --net="/var/run/netns/$name" containerd --config "$d/containerd.toml" \
     --root "$d/containerd/root" --state "$d/containerd/state" --address "$sock"

@@ -39,13 +39,14 @@ lock() {
     | k apply -n "$NS" -f - >/dev/null
 }
 
-# pinned_pod NAME NODE LOCK SCRIPT: a pod on NODE running `leasehold run --lock LOCK`
-# with SCRIPT as CMD, never restarted (its exit status is kept).
+# pinned_pod NAME NODE LOCK SCRIPT [COMMAND]: a pod on NODE running `leasehold run
+# --lock LOCK` with SCRIPT as CMD (or COMMAND with SCRIPT, as pod_spec says), never
+# restarted (its exit status is kept).
 pinned_pod() {
-  local name=$1 node=$2 lock=$3 script=$4
+  local name=$1 node=$2 lock=$3 script=$4 command=${5:-}
   { printf 'apiVersion: v1\nkind: Pod\nmetadata: { name: %s, labels: { app: %s } }\n' "$name" "$lock"
     POD_EXTRAS="      nodeName: $node${POD_EXTRAS:+
-$POD_EXTRAS}" pod_spec Never "$lock" "$script" | sed 's/^    //'; } | k apply -n "$NS" -f - >/dev/null
+$POD_EXTRAS}" pod_spec Never "$lock" "$script" ${command:+"$command"} | sed 's/^    //'; } | k apply -n "$NS" -f - >/dev/null
 }
 
 # A CMD that holds until stopped: `start`, then `term` when SIGTERM comes.
@@ -207,13 +208,15 @@ fault_fast_path() {
   metric() { metrics | awk -v m="$1" '$1 == m { print $2 }' | head -1; }
   direct0=$(metric leasehold_direct_grants_total); written0=$(metric 'leasehold_release_notices_total{category="written"}')
   lock fast 10
-  pass() { # pass FIRST SECOND: FIRST holds 2 s on node $a, SECOND waits on node $b
-    pinned_pod "$1" "$a" fast "$(line start); sleep 2; $(line end)"
+  # pass FIRST SECOND: FIRST holds 2 s on node $a, SECOND waits on node $b. FIRST's pod
+  # lingers after its `leasehold run` released, so that only the release (a notice, or
+  # the mark) can pass the lock on at once: a finished pod would pass it too.
+  pass() {
+    local inner; inner=$(printf '%s; sleep 2; %s' "$(line start)" "$(line end)" | sed 's/\$/\\$/g')
+    pinned_pod "$1" "$a" fast "trap \"exit 0\" TERM; leasehold run --lock fast -- sh -c \"$inner\"; sleep 60 & wait" '["sh", "-c"]'
     until_ok 60 bash -c "[ \"\$('$KUBECTL' get dlock -n $NS fast -o jsonpath='{.status.holders[0].pod}')\" = $1 ]" || fail "$1 does not hold lock fast"
     pinned_pod "$2" "$b" fast "$(line start); sleep 1; $(line end)"
-    for p in "$1" "$2"; do
-      until_ok 120 bash -c "[ \"\$('$KUBECTL' get pod -n $NS $p -o jsonpath='{.status.phase}')\" = Succeeded ]" || fail "$p did not succeed"
-    done
+    until_ok 120 bash -c "[ \"\$('$KUBECTL' get pod -n $NS $2 -o jsonpath='{.status.phase}')\" = Succeeded ]" || fail "$2 did not succeed"
   }
   pass fast-a fast-b
   direct1=$(metric leasehold_direct_grants_total); written1=$(metric 'leasehold_release_notices_total{category="written"}')

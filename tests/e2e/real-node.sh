@@ -74,19 +74,7 @@ cat > "$W/cni/10-bridge.conflist" <<'JSON'
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]]}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 JSON
-containerd config default > "$W/containerd.toml"
-python3 - "$W" <<'PY'
-import re, sys
-w = sys.argv[1]
-p = f"{w}/containerd.toml"
-s = open(p).read()
-s = s.replace("restrict_oom_score_adj = false", "restrict_oom_score_adj = true")
-s = re.sub(r'sandbox_image = ".*"', 'sandbox_image = "docker.io/library/pause:local"', s)
-s = re.sub(r'bin_dir = ".*"', 'bin_dir = "/usr/lib/cni"', s)
-s = re.sub(r'conf_dir = ".*"', f'conf_dir = "{w}/cni"', s)
-s = s.replace("SystemdCgroup = true", "SystemdCgroup = false")
-open(p, "w").write(s)
-PY
+tests/e2e/containerd-config.sh "$W/containerd.toml" "$W/cni"
 containerd --config "$W/containerd.toml" --root "$W/containerd/root" --state "$W/containerd/state" \
   --address "$SOCK" > "$W/containerd.log" 2>&1 &
 CONTAINERD_PID=$!
