@@ -130,7 +130,8 @@ start_node() {
   until_ok 30 ctr -a "$sock" version || die "containerd of $name did not start: $(tail "$d/containerd.log")"
   ctr -a "$sock" -n k8s.io images import "$W/pause.tar" >/dev/null
   # Anonymous requests allowed: the API server has no kubelet client certificate here
-  # (logs, exec); only the cluster bridge reaches the kubelet's port.
+  # (logs, exec). Anything on the cluster's networks (host, nodes, pods) may use the
+  # kubelet API: a test cluster, never a place to test what a pod may do.
   detach "$d/kubelet" nsenter --net="/var/run/netns/$name" "$BIN/kubelet" --kubeconfig "$W/kubeconfig" \
     --container-runtime=remote --container-runtime-endpoint="unix://$sock" \
     --cgroup-driver=cgroupfs --fail-swap-on=false --cgroups-per-qos=false --enforce-node-allocatable="" \
