@@ -55,6 +55,9 @@ pub mod etcd;
 pub mod kubeconfig;
 #[cfg(all(test, feature = "client"))]
 mod mock_api;
+#[cfg(test)]
+mod explore;
+mod mutant;
 pub mod protocol;
 
 #[doc(hidden)]

@@ -104,7 +104,7 @@ impl Session {
             lease,
             state,
             holding: watch::channel(holding).0,
-            valid_until: watch::channel(client_stop_by(sent, lease)).0,
+            valid_until: watch::channel(valid_until(sent, lease, cadence == Cadence::Waiting)).0,
         });
         let task = tokio::spawn(renew(session.clone(), sent, renewer));
         (session, task)
@@ -136,7 +136,7 @@ impl Session {
                 State::Ended => return Err(LostReason::Revoked),
                 State::Live => {}
             }
-            if Instant::now() + safety_margin(self.lease) < *valid.borrow_and_update() {
+            if may_hold(Instant::now(), *valid.borrow_and_update(), self.lease) {
                 return Ok(());
             }
             tokio::select! {
@@ -225,7 +225,7 @@ async fn renew(session: Arc<Session>, created_sent: Instant, mut renewer: impl R
                 last_sent = sent;
                 retry_at = None;
                 backoff = Duration::from_millis(100);
-                session.valid_until.send_replace(client_stop_by(sent, lease));
+                session.valid_until.send_replace(valid_until(sent, lease, !held));
             }
             Ok(Renewal::Gone) => {
                 tracing::warn!(claim = name, "claim is gone (forced release): giving up the grant");
@@ -245,6 +245,23 @@ async fn renew(session: Arc<Session>, created_sent: Instant, mut renewer: impl R
     }
 }
 
+/// By when a holder stops acting on the strength of a write sent at `sent`
+/// ([`client_stop_by`]): counted by its lease, even for a write made while it waited
+/// (`waiting`), whose wait lease says only how long the controller keeps it queued.
+pub(crate) fn valid_until<T: std::ops::Add<Duration, Output = T>>(sent: T, lease: Duration, waiting: bool) -> T {
+    if waiting && crate::mutant::on(crate::mutant::Mutant::WaiterActsOnWaitRenewal) {
+        return client_stop_by(sent, wait_lease(lease));
+    }
+    client_stop_by(sent, lease)
+}
+
+/// Whether a granted claim may act at `now`, the deadline of its last successful write
+/// being `valid_until`: [`Session::hold`] returns only while that deadline is at least a
+/// [`safety_margin`] ahead (else it renews first).
+pub(crate) fn may_hold<T: std::ops::Add<Duration, Output = T> + PartialOrd>(now: T, valid_until: T, lease: Duration) -> bool {
+    now + safety_margin(lease) < valid_until
+}
+
 /// Completes when the claim must give up, `last_sent` being when its last successful
 /// write was sent. Held: at that write's deadline when [`Session::hold`] could have
 /// returned on it (it was at least [`safety_margin`] ahead when the claim was first
@@ -256,7 +273,7 @@ async fn give_up_due(mut holding: watch::Receiver<Option<Instant>>, last_sent: I
     let deadline = client_stop_by(last_sent, lease);
     loop {
         let since = *holding.borrow_and_update();
-        let usable = |since: Instant| deadline > since + safety_margin(lease);
+        let usable = |since: Instant| may_hold(since, deadline, lease);
         let at = match since {
             Some(since) if usable(since) => deadline,
             Some(since) => since + lease,

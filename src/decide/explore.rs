@@ -10,12 +10,10 @@
 //! The bound of `cargo test` is [`CI`]; a larger one runs by hand:
 //! `LEASEHOLD_EXPLORE=pods,claims,max_holders,depth cargo test --lib explore -- --nocapture`.
 
-use std::collections::{HashSet, VecDeque};
-use std::hash::{Hash, Hasher};
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::time::Instant;
+use std::panic::catch_unwind;
 
 use super::proptests::{Event, Model};
+use crate::explore::{Covered, Machine, explore as bfs};
 
 /// How far to explore.
 #[derive(Clone, Copy, Debug)]
@@ -34,78 +32,27 @@ const CI: Bound = Bound {
     depth: 6,
 };
 
-/// What one exploration covered.
-#[derive(Debug)]
-struct Covered {
-    states: usize,
-    transitions: usize,
-    depth: usize,
-    secs: f64,
+/// The world model within a bound, as a machine to explore.
+#[derive(Clone)]
+struct Bounded(Model, Bound);
+
+impl Machine for Bounded {
+    type Step = Event;
+    fn steps(&self) -> Vec<Event> {
+        let Bounded(model, b) = self;
+        model.enabled(b.pods, b.claims, b.max_holders)
+    }
+    fn take(&mut self, e: &Event) {
+        self.0.apply(e);
+    }
+    fn key(&self) -> String {
+        self.0.key()
+    }
 }
 
 /// Explore every state within `bound`; panics with the trace of the first violation.
-/// A state is remembered by a 64-bit hash of its key (a collision, about one in 10^7 at
-/// a million states, would only leave one state unexplored); models are kept only while
-/// they wait to be expanded.
 fn explore(bound: Bound) -> Covered {
-    let started = Instant::now();
-    // How each state was reached: its parent's index and the event (the first: none).
-    let mut reached: Vec<Option<(usize, Event)>> = vec![None];
-    let start = Model::new();
-    let mut seen: HashSet<u64> = HashSet::from([digest(&start.key())]);
-    let mut frontier = VecDeque::from([(start, 0usize, 0usize)]);
-    let (mut transitions, mut deepest) = (0, 0);
-    while let Some((model, at, depth)) = frontier.pop_front() {
-        deepest = deepest.max(depth);
-        for e in model.enabled(bound.pods, bound.claims, bound.max_holders) {
-            transitions += 1;
-            let mut next = model.clone();
-            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| next.apply(&e))) {
-                let why = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                panic!("{why}\ntrace:\n{}", trace(&reached, at, &e));
-            }
-            if !seen.insert(digest(&next.key())) {
-                continue;
-            }
-            reached.push(Some((at, e)));
-            if depth + 1 < bound.depth {
-                frontier.push_back((next, reached.len() - 1, depth + 1));
-            } else {
-                deepest = deepest.max(depth + 1);
-            }
-        }
-    }
-    Covered {
-        states: reached.len(),
-        transitions,
-        depth: deepest,
-        secs: started.elapsed().as_secs_f64(),
-    }
-}
-
-fn digest(key: &str) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    h.finish()
-}
-
-/// The events from the empty lock to state `at`, then `last`, one a line.
-fn trace(reached: &[Option<(usize, Event)>], mut at: usize, last: &Event) -> String {
-    let mut events = vec![format!("{last:?}   <- the rule broke here")];
-    while let Some((parent, e)) = &reached[at] {
-        events.push(format!("{e:?}"));
-        at = *parent;
-    }
-    events.reverse();
-    events
-        .iter()
-        .enumerate()
-        .map(|(i, e)| format!("  {:>2}. {e}\n", i + 1))
-        .collect()
+    bfs(Bounded(Model::new(), bound), bound.depth).unwrap_or_else(|found| panic!("{found}"))
 }
 
 /// The bound from `LEASEHOLD_EXPLORE` (pods,claims,max_holders,depth), else [`CI`].
@@ -150,7 +97,7 @@ const MUTANTS: Bound = Bound {
 
 #[test]
 fn the_explorer_finds_each_bug_put_back_with_its_trace() {
-    use super::{Mutant, mutate};
+    use crate::mutant::{Mutant, mutate};
     let bugs = [
         Mutant::PodGoneAsStopped,
         Mutant::ForgedAsReleased,

@@ -52,6 +52,8 @@ use crate::api::{DistributedLockStatus, Holder, Revocation, RevokeReason, Succes
 use crate::protocol::timing::MAX_LEASE_SECONDS;
 pub use model::*;
 
+use crate::mutant::{Mutant, on as mutant};
+
 /// How many claims a lock queues at most (its successor included) unless its
 /// `spec.maxQueue` says otherwise; a new claim beyond that is refused with `QueueFull`,
 /// so the status stays well below what the API server stores (about 250 bytes a
@@ -75,59 +77,6 @@ mod model;
 mod proptests;
 #[cfg(test)]
 mod tests;
-
-/// Bugs this project once had, put back one at a time by the exhaustive explorer's
-/// mutation test (`explore`), which must find each: a switch that is always off outside
-/// `cargo test`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(not(test), allow(dead_code))]
-pub(crate) enum Mutant {
-    /// A pod object gone is taken as its processes stopped (no kubelet report needed).
-    PodGoneAsStopped,
-    /// A forged release mark counts as the owner's release.
-    ForgedAsReleased,
-    /// A claim deleted by someone else frees its holder's slot at once.
-    DeletedClaimFreesAtOnce,
-    /// A designated successor that may have been told of its grant is dropped like a
-    /// waiter, not held back like a holder.
-    SuccessorNotFenced,
-    /// A deleted lock is let go while a revoked holder's slot is still held back.
-    LetGoWithSlotHeldBack,
-    /// A re-created lock's tokens start afresh, not above the old lock's.
-    NoTokenEpoch,
-    /// New claims are queued in reverse arrival order.
-    LifoQueue,
-}
-
-#[cfg(test)]
-thread_local! {
-    static MUTANT: std::cell::Cell<Option<Mutant>> = const { std::cell::Cell::new(None) };
-}
-
-/// Put `m` back (tests only) until the returned guard goes.
-#[cfg(test)]
-pub(crate) fn mutate(m: Mutant) -> impl Drop {
-    struct Restore;
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            MUTANT.with(|c| c.set(None));
-        }
-    }
-    MUTANT.with(|c| c.set(Some(m)));
-    Restore
-}
-
-/// Whether mutant `m` is on: never outside `cargo test`.
-#[inline]
-fn mutant(m: Mutant) -> bool {
-    #[cfg(test)]
-    return MUTANT.with(|c| c.get() == Some(m));
-    #[cfg(not(test))]
-    {
-        let _ = m;
-        false
-    }
-}
 
 /// How a claim's pod stands: the one rule, shared by both backends, for when a claim's
 /// process has certainly stopped.
@@ -193,7 +142,20 @@ fn waiter_lease(world: &World<'_>, w: &Waiter) -> Option<i32> {
     let designated = world.status.successor.as_ref().filter(|s| s.claim == w.claim);
     let recorded = w.lease_duration_seconds.filter(|l| *l > 0);
     let at_designation = designated.and_then(|s| s.lease_duration_seconds).filter(|l| *l > 0);
+    if mutant(Mutant::LeaseAsPatchedAtGrant) {
+        return stated_lease(world, &w.claim).or(recorded);
+    }
     recorded.max(at_designation).max(stated_lease(world, &w.claim))
+}
+
+/// The lease a holder's process may be living by, which its revoked slot is held back
+/// for: the longer of the lock's (`spec`) and the one recorded at its grant.
+pub fn holder_lease(spec: std::time::Duration, holder: &Holder) -> std::time::Duration {
+    let own = holder.lease_duration_seconds.unwrap_or(0).clamp(0, MAX_LEASE_SECONDS);
+    if mutant(Mutant::HoldBackBySpecLease) {
+        return spec;
+    }
+    spec.max(std::time::Duration::from_secs(own as u64))
 }
 
 /// Whether `status` still names a holder (revoked or not) or a successor: a process

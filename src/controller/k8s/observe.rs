@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use super::sweep::Tombstone;
-use crate::api::{DistributedLock, DistributedLockStatus, Holder};
+use crate::api::{DistributedLock, DistributedLockStatus};
 use crate::controller::cache::tracker::Tracker;
 use crate::controller::context::Context;
 use crate::decide::{ClaimView, Decision, World, decide};
@@ -258,7 +258,7 @@ fn hold_backs_over(
     let mut elapsed = BTreeSet::new();
     for h in status.holders.iter().filter(|h| h.revoked.is_some()) {
         let renewed = renewed_at(&seen.leases, tracker, &h.claim);
-        let ends = tracker.hold_back_ends(ns, name, &h.claim, holder_lease(lease, h), renewed, now);
+        let ends = tracker.hold_back_ends(ns, name, &h.claim, crate::decide::holder_lease(lease, h), renewed, now);
         if now < ends {
             judged.deadlines.push(ends);
             continue;
@@ -301,7 +301,7 @@ fn after_decision(
             strays.push(h.claim.clone());
         }
         let renewed = renewed_at(&seen.leases, tracker, &h.claim);
-        let ends = tracker.hold_back_ends(ns, name, &h.claim, holder_lease(lease, h), renewed, now);
+        let ends = tracker.hold_back_ends(ns, name, &h.claim, crate::decide::holder_lease(lease, h), renewed, now);
         deadlines.push(ends);
     }
     tracker.retain_revoked(ns, name, &revoked.map(|h| h.claim.clone()).collect());
@@ -335,13 +335,6 @@ fn warnings(
 fn renewed_at(leases: &[Arc<Lease>], tracker: &Tracker, claim: &str) -> Option<Instant> {
     let lease = leases.iter().find(|l| l.name_any() == claim)?;
     tracker.last_change(lease)
-}
-
-/// The lease a holder's process may be living by: the longer of the lock's and the one
-/// its claim stated when it was granted.
-fn holder_lease(spec: Duration, holder: &Holder) -> Duration {
-    let own = holder.lease_duration_seconds.unwrap_or(0).clamp(0, MAX_LEASE_SECONDS);
-    spec.max(Duration::from_secs(own as u64))
 }
 
 /// A field of `lease` (whose pod fields read `pod`) that differs from what the lock's

@@ -1,0 +1,266 @@
+//! The clients: each knows only what the real client knows (its own writes and their
+//! answers, the grants it was told of, the lock it reads) and acts by the real client's
+//! rules ([`valid_until`], [`may_hold`]).
+
+use std::collections::BTreeMap;
+
+use super::{ClaimObj, Mark, Menu, Ms, Step, System, secs};
+use crate::api::DistributedLockStatus;
+use crate::client::session::{may_hold, valid_until};
+use crate::protocol::record::{self, Written};
+use crate::protocol::timing::{renew_interval, safety_margin, wait_lease, wait_renew_interval};
+
+/// Where a client stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum Phase {
+    #[default]
+    Idle,
+    Waiting,
+    Acting,
+    /// Released, withdrawn, lost or killed: it makes no more steps.
+    Done,
+}
+
+/// One client process and what it knows.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Client {
+    pub claim: Option<String>,
+    pub phase: Phase,
+    /// Told of its grant: it renews at the holder's pace.
+    pub held: bool,
+    /// When its last successful write was sent.
+    pub last_sent: Ms,
+    /// The deadline of its last successful write ([`valid_until`]).
+    pub valid_until: Ms,
+    /// Until when its command may run (certainly dead from then on); for the properties.
+    pub until: Ms,
+    /// Its grant's fencing token, once it acts.
+    pub token: i64,
+    /// Grants it was told of (by the lock's watch, or directly), by token: whether the
+    /// status they came with records its claim as it wrote it ([`record::check`]).
+    told: BTreeMap<i64, bool>,
+}
+
+impl Client {
+    /// The moments at which something happens to it by itself: its next renewal
+    /// falls due, its deadline passes, its command is certainly dead.
+    pub fn deadlines(&self, lease: std::time::Duration) -> Vec<Ms> {
+        let mut out = Vec::new();
+        match self.phase {
+            Phase::Acting => out.extend([self.valid_until, self.renew_due(lease)]),
+            Phase::Waiting => out.push(self.renew_due(lease)),
+            Phase::Idle | Phase::Done => {}
+        }
+        if self.token > 0 {
+            out.push(self.until);
+        }
+        out
+    }
+
+    /// Whether it was told of a grant.
+    pub fn has_been_told(&self) -> bool {
+        !self.told.is_empty()
+    }
+
+    /// When its next renewal falls due, at the pace of where it stands.
+    pub fn renew_due(&self, lease: std::time::Duration) -> Ms {
+        let held = self.held || self.phase == Phase::Acting;
+        self.last_sent + if held { renew_interval(lease) } else { wait_renew_interval(lease) }
+    }
+
+    pub fn shift(&mut self, f: impl Fn(&mut Ms)) {
+        f(&mut self.last_sent);
+        f(&mut self.valid_until);
+        f(&mut self.until);
+    }
+}
+
+impl System {
+    pub(super) fn lease(&self) -> std::time::Duration {
+        secs(self.cfg.client_lease)
+    }
+
+    pub(super) fn client_steps(&self, i: usize) -> Vec<Step> {
+        let c = &self.clients[i];
+        let Menu { kills, leaders, .. } = self.cfg.menu;
+        let mut out = Vec::new();
+        match c.phase {
+            Phase::Idle if self.server.pods.contains(&i) => out.push(Step::Create(i)),
+            Phase::Idle | Phase::Done => {}
+            Phase::Waiting => {
+                out.push(Step::Renew(i));
+                out.extend((!c.told.is_empty()).then_some(Step::Hold(i)));
+                out.push(Step::Release(i));
+            }
+            Phase::Acting => {
+                out.extend([Step::Renew(i), Step::Release(i)]);
+                if kills {
+                    let ctrls = if leaders { 0..2 } else { 0..1 };
+                    out.extend(ctrls.map(|ctrl| Step::Notice(i, ctrl)));
+                }
+                out.extend(self.revoked(i).then_some(Step::SeeRevoked(i)));
+            }
+        }
+        if kills && matches!(c.phase, Phase::Waiting | Phase::Acting) {
+            out.push(Step::Kill(i));
+        }
+        out
+    }
+
+    pub(super) fn create(&mut self, i: usize) {
+        let rv = self.next_rv();
+        let lease = self.lease();
+        let name = ((b'a' + i as u8) as char).to_string();
+        let obj = ClaimObj {
+            rv,
+            client: i,
+            lease: self.cfg.client_lease,
+            wait: wait_lease(lease).as_secs() as i32,
+            mark: Mark::None,
+            renewals: 0,
+            made: self.made,
+            patched_early: false,
+        };
+        self.made += 1;
+        self.server.claims.insert(name.clone(), obj);
+        let now = self.now;
+        let c = &mut self.clients[i];
+        (c.claim, c.phase) = (Some(name), Phase::Waiting);
+        c.last_sent = now;
+        c.valid_until = valid_until(now, lease, true);
+    }
+
+    pub(super) fn renew(&mut self, i: usize) {
+        let (now, lease) = (self.now, self.lease());
+        let rv = self.next_rv();
+        let name = self.clients[i].claim.clone().unwrap_or_default();
+        let Some(obj) = self.server.claims.get_mut(&name) else {
+            // Gone: someone deleted it (a forced release, or an expiry).
+            return self.stop_process(i, now + safety_margin(lease));
+        };
+        (obj.renewals, obj.rv) = (obj.renewals + 1, rv);
+        let c = &mut self.clients[i];
+        c.last_sent = now;
+        c.valid_until = valid_until(now, lease, !c.held);
+        if c.phase == Phase::Acting {
+            c.until = c.until.max(c.valid_until + safety_margin(lease));
+        }
+    }
+
+    pub(super) fn hold(&mut self, i: usize) {
+        let (now, lease) = (self.now, self.lease());
+        let c = &mut self.clients[i];
+        let (&token, &recorded_as_written) = c.told.last_key_value().expect("told of a grant");
+        if !recorded_as_written {
+            // The status records its claim otherwise than it wrote it: it withdraws
+            // (and would claim anew), never acting under the tampered record. No lost
+            // waiter: only a patch made before the record can do that.
+            let name = c.claim.clone().unwrap_or_default();
+            let early = self.server.claims.get(&name).is_none_or(|o| o.patched_early);
+            assert!(early, "client {i}'s record was lowered though its claim was patched only after the lock recorded it");
+            return self.release(i, None);
+        }
+        c.held = true;
+        if !may_hold(now, c.valid_until, lease) {
+            return; // it renews first
+        }
+        (c.phase, c.token) = (Phase::Acting, token);
+        c.until = c.valid_until + safety_margin(lease);
+        self.check_acting(i);
+    }
+
+    /// The properties as client `i` starts to act.
+    fn check_acting(&self, i: usize) {
+        let now = self.now;
+        let token = self.clients[i].token;
+        let acting: Vec<(usize, i64)> = (self.clients.iter().enumerate())
+            .filter(|(_, c)| c.token > 0 && c.until > now)
+            .map(|(j, c)| (j, c.token))
+            .collect();
+        let max = self.cfg.max_holders as usize;
+        assert!(
+            acting.len() <= max,
+            "{} processes act at once under a lock of maxHolders {max}: (client, token) {acting:?}",
+            acting.len()
+        );
+        assert!(
+            token > self.stopped_max,
+            "client {i} acts with token {token}, not above {} of a process that stopped before",
+            self.stopped_max
+        );
+        let twins = acting.iter().filter(|(_, t)| *t == token).count();
+        assert!(twins == 1, "two processes act with token {token}: {acting:?}");
+    }
+
+    /// The command ends (or the claim is withdrawn), then the release is written: a mark,
+    /// or a notice to controller `notice`.
+    pub(super) fn release(&mut self, i: usize, notice: Option<usize>) {
+        self.stop_process(i, self.now);
+        let name = self.clients[i].claim.clone().unwrap_or_default();
+        match notice {
+            Some(ctrl) => {
+                self.ctrls[ctrl].noticed.insert(name);
+            }
+            None => {
+                let rv = self.next_rv();
+                if let Some(obj) = self.server.claims.get_mut(&name) {
+                    (obj.mark, obj.rv) = (Mark::Owner, rv);
+                }
+            }
+        }
+    }
+
+    /// Client `i` stops: its command is dead by `by` at the latest.
+    pub(super) fn stop_process(&mut self, i: usize, by: Ms) {
+        let c = &mut self.clients[i];
+        if c.token > 0 {
+            c.until = c.until.min(by); // acting, or in its command's grace
+        }
+        if c.phase != Phase::Idle {
+            c.phase = Phase::Done;
+        }
+    }
+
+    /// Whether the lock as stored no longer lists client `i` as an unrevoked holder.
+    fn revoked(&self, i: usize) -> bool {
+        let name = self.clients[i].claim.as_deref().unwrap_or_default();
+        let Some(lock) = &self.server.lock else { return true };
+        !(lock.status.holders)
+            .iter()
+            .any(|h| h.claim == name && h.revoked.is_none() && h.fencing_token == self.clients[i].token)
+    }
+
+    /// Client `i` reads the lock and finds its grant gone: it stops its command (SIGTERM,
+    /// then SIGKILL a margin later).
+    pub(super) fn see_revoked(&mut self, i: usize) {
+        let by = self.now + safety_margin(self.lease());
+        self.stop_process(i, by);
+    }
+
+    /// Time passed: an acting client whose deadline passed gives up.
+    pub(super) fn client_deadline_passed(&mut self, i: usize) {
+        let c = &mut self.clients[i];
+        if c.phase == Phase::Acting && self.now >= c.valid_until {
+            c.phase = Phase::Done;
+        }
+    }
+
+    /// The client of claim `claim` is told of its grant with `token`, with `status`,
+    /// which it checks records its claim as it wrote it.
+    pub(super) fn tell(&mut self, claim: &str, token: i64, status: &DistributedLockStatus) {
+        let lease = self.cfg.client_lease;
+        let c = self.clients.iter_mut().enumerate().find(|(_, c)| c.claim.as_deref() == Some(claim));
+        let Some((i, c)) = c.filter(|(_, c)| c.phase == Phase::Waiting) else {
+            return;
+        };
+        let (pod, uid, hash) = (format!("p{i}"), format!("u{i}"), format!("h-{claim}"));
+        let wrote = Written {
+            pod: &pod,
+            pod_uid: &uid,
+            release_hash: Some(&hash),
+            wait_hash: None,
+            lease_seconds: lease,
+        };
+        c.told.insert(token, record::check(status, claim, &wrote).is_ok());
+    }
+}

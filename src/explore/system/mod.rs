@@ -1,0 +1,433 @@
+//! The whole claim protocol as one state machine, explored exhaustively within a bound:
+//! the API server (objects with resourceVersions, preconditioned writes, quorum reads),
+//! two controller replicas with their own caches and memories (leadership that moves; a
+//! deposed leader acting on its stale view until it reads that it lost), clients (create,
+//! wait, renew, hold, act, release by mark or notice, withdraw, be killed, be told of a
+//! grant late), a neighbour with the client Role's rights (patch a claim's lease down,
+//! forge its release mark, delete it), pods (force-deleted with their processes running
+//! on, or stopped by the kubelet), a lock deleted behind its finalizer and re-created
+//! under the same name, and time.
+//!
+//! The decisions are the real ones: the controller calls [`crate::decide::decide`],
+//! [`crate::decide::holder_lease`] and the timing rules of [`crate::protocol::timing`];
+//! the client acts by [`crate::client::session`]'s `valid_until` and `may_hold`. What the
+//! model writes itself is the I/O around them, as `controller::k8s` does it (see
+//! [`controller`]).
+//!
+//! **Time** is discrete: it advances to the next deadline any actor computed (a
+//! client's stop and its command's death, a claim's expiry as each controller judges
+//! it, a held-back slot's end), so every ordering of deadlines and steps is explored.
+//! Steps between two deadlines happen at the earlier one, the worst case for the timing
+//! inequalities (a write seen the instant it was sent). A state is compared with times
+//! taken relative to now.
+//!
+//! **Properties**, checked as each step is taken: at most `maxHolders` processes act at
+//! once (a process acts from its grant until its command is certainly dead); a process
+//! starts acting only with a token above every token of a process that stopped before,
+//! and no two acting processes share one (across deletion and re-creation); a write
+//! never lowers the stored token; the controller never deletes as expired a claim whose
+//! process may still act.
+
+mod client;
+mod controller;
+mod settle;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Add;
+use std::time::Duration;
+
+use crate::api::{DistributedLockSpec, DistributedLockStatus};
+use crate::explore::Machine;
+
+/// A moment of the model's clock, in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub(super) struct Ms(pub i64);
+
+impl Add<Duration> for Ms {
+    type Output = Ms;
+    fn add(self, d: Duration) -> Ms {
+        Ms(self.0 + d.as_millis() as i64)
+    }
+}
+
+/// Which kinds of step a configuration explores beyond the clients' own and one
+/// controller's.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Menu {
+    /// The neighbour patches claims' leases down, forges marks, deletes claims.
+    pub neighbour: bool,
+    /// Pods are force-deleted (processes run on) or stopped by the kubelet.
+    pub pods: bool,
+    /// The lock is deleted and re-created under the same name.
+    pub lock: bool,
+    /// A controller reconciles on caches that lag (its watches behind).
+    pub lag: bool,
+    /// A second controller takes over (the deposed one acting on until it reads that
+    /// it lost); a controller restarts with no memory.
+    pub leaders: bool,
+    /// Processes are killed; holders release by a notice to a controller.
+    pub kills: bool,
+}
+
+/// One configuration: the actors and the bound.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Config {
+    /// How many clients (each in its own pod).
+    pub clients: usize,
+    /// The lock's `maxHolders`.
+    pub max_holders: i32,
+    /// The lock's lease, in seconds.
+    pub spec_lease: i32,
+    /// The clients' own lease, in seconds.
+    pub client_lease: i32,
+    /// What else may happen.
+    pub menu: Menu,
+}
+
+/// A claim's release mark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mark {
+    None,
+    /// Written by its process, with the secret its hash was made from.
+    Owner,
+    /// Written by someone else.
+    Forged,
+}
+
+/// A claim Lease as the API server stores it.
+#[derive(Clone, Debug)]
+struct ClaimObj {
+    rv: u64,
+    client: usize,
+    /// The lease it states, and its wait lease, in seconds.
+    lease: i32,
+    wait: i32,
+    mark: Mark,
+    /// How many times its process renewed it (its `renewTime` changes).
+    renewals: u32,
+    /// Its place in arrival order.
+    made: u32,
+    /// Patched by the neighbour before the lock's status first recorded it (then its
+    /// process may find the record tampered, and withdraw).
+    patched_early: bool,
+}
+
+/// The DistributedLock as the API server stores it.
+#[derive(Clone, Debug)]
+struct LockObj {
+    /// Each incarnation under the lock's name has its own.
+    uid: u32,
+    rv: u64,
+    spec: DistributedLockSpec,
+    status: DistributedLockStatus,
+    deleting: bool,
+}
+
+/// What the API server stores.
+#[derive(Clone, Debug)]
+struct Server {
+    rv: u64,
+    lock: Option<LockObj>,
+    claims: BTreeMap<String, ClaimObj>,
+    /// Pod objects (pod i is client i's; its UID is i).
+    pods: BTreeSet<usize>,
+    /// Pods whose containers the kubelet reported stopped before their objects went.
+    stopped: BTreeSet<usize>,
+    /// Who holds the leader election Lease.
+    leader: usize,
+}
+
+/// One step of the system.
+#[derive(Clone, Debug)]
+pub(super) enum Step {
+    /// Client i creates a claim.
+    Create(usize),
+    /// Client i renews its claim (waiting, or holding).
+    Renew(usize),
+    /// Client i takes a grant it was told of: it acts if its last write's deadline is
+    /// far enough ahead, else it renews at the holder's pace first.
+    Hold(usize),
+    /// Client i's command ends and it marks its claim released (or withdraws it).
+    Release(usize),
+    /// Client i's command ends and it tells controller c (its notice endpoint).
+    Notice(usize, usize),
+    /// Client i's process is killed.
+    Kill(usize),
+    /// Client i reads the lock and finds its grant revoked.
+    SeeRevoked(usize),
+    /// Controller c reads everything afresh (its watches catch up, it reads the
+    /// leader Lease) and, if it leads, reconciles.
+    Reconcile(usize),
+    /// Controller c, believing it leads, reconciles on the caches it has.
+    Stale(usize),
+    /// Controller c takes the leader election Lease (the other may not know yet).
+    TakeOver(usize),
+    /// Controller c restarts: no caches, no memory, not leading.
+    Restart(usize),
+    /// Pod i is force-deleted: its process runs on.
+    ForceDeletePod(usize),
+    /// Pod i is deleted gracefully: the kubelet stops it and says so.
+    StopPod(usize),
+    /// The neighbour patches client i's claim's lease and wait lease to 1 s.
+    PatchLease(usize),
+    /// The neighbour writes a release mark on client i's claim.
+    Forge(usize),
+    /// The neighbour deletes client i's claim.
+    DeleteClaim(usize),
+    /// Someone deletes the lock (its finalizer holds it).
+    DeleteLock,
+    /// The lock, let go, is created again under the same name.
+    Recreate,
+    /// Time advances to the next deadline, at this many milliseconds.
+    Tick(i64),
+}
+
+/// The system: the API server, two controllers, the clients, the clock.
+#[derive(Clone, Debug)]
+pub(super) struct System {
+    cfg: Config,
+    now: Ms,
+    server: Server,
+    ctrls: [controller::Ctrl; 2],
+    clients: Vec<client::Client>,
+    /// How many claims were made.
+    made: u32,
+    /// How many incarnations the lock had.
+    incarnations: u32,
+    /// The highest token of a process that has certainly stopped acting.
+    stopped_max: i64,
+}
+
+impl System {
+    /// The start: a lock nobody claimed, controller 0 leading, every pod running.
+    pub(super) fn new(cfg: Config) -> Self {
+        let spec = DistributedLockSpec {
+            max_holders: cfg.max_holders,
+            lease_duration_seconds: cfg.spec_lease,
+            ..Default::default()
+        };
+        let lock = LockObj {
+            uid: 1,
+            rv: 1,
+            spec,
+            status: DistributedLockStatus::default(),
+            deleting: false,
+        };
+        let mut ctrls = [controller::Ctrl::default(), controller::Ctrl::default()];
+        ctrls[0].leads = true;
+        System {
+            cfg,
+            now: Ms(0),
+            server: Server {
+                rv: 1,
+                lock: Some(lock),
+                claims: BTreeMap::new(),
+                pods: (0..cfg.clients).collect(),
+                stopped: BTreeSet::new(),
+                leader: 0,
+            },
+            ctrls,
+            clients: (0..cfg.clients).map(|_| client::Client::default()).collect(),
+            made: 0,
+            incarnations: 1,
+            stopped_max: 0,
+        }
+    }
+
+    fn next_rv(&mut self) -> u64 {
+        self.server.rv += 1;
+        self.server.rv
+    }
+
+    /// The next deadline after now, if any actor has one.
+    fn next_deadline(&self) -> Option<Ms> {
+        let clients = self.clients.iter().flat_map(|c| c.deadlines(self.lease()));
+        let ctrls = (0..2).flat_map(|c| self.ctrl_deadlines(c));
+        clients.chain(ctrls).filter(|t| *t > self.now).min()
+    }
+
+    fn tick(&mut self, to: Ms) {
+        self.now = to;
+        for i in 0..self.clients.len() {
+            self.client_deadline_passed(i);
+        }
+        self.note_stopped();
+    }
+
+    /// Remember the tokens of processes that have certainly stopped by now.
+    fn note_stopped(&mut self) {
+        let now = self.now;
+        let stopped = self.clients.iter().filter(|c| c.token > 0 && c.until <= now);
+        self.stopped_max = stopped.map(|c| c.token).fold(self.stopped_max, i64::max);
+    }
+
+    /// The state with every time taken relative to now and every resourceVersion by
+    /// its rank: what the future depends on.
+    fn normalized(&self) -> System {
+        let mut s = self.clone();
+        let shift = |t: &mut Ms| t.0 -= self.now.0;
+        s.now = Ms(0);
+        s.clients.iter_mut().for_each(|c| c.shift(shift));
+        s.ctrls.iter_mut().for_each(|c| c.shift(shift));
+        let mut rvs = BTreeSet::new();
+        s.visit_rvs(|rv| {
+            rvs.insert(*rv);
+        });
+        let rank: BTreeMap<u64, u64> = rvs.into_iter().zip(1..).collect();
+        s.visit_rvs(|rv| *rv = rank[rv]);
+        s
+    }
+
+    fn visit_rvs(&mut self, mut f: impl FnMut(&mut u64)) {
+        let views = self.ctrls.iter_mut().filter_map(|c| c.view.as_mut());
+        for server in std::iter::once(&mut self.server).chain(views) {
+            f(&mut server.rv);
+            if let Some(l) = server.lock.as_mut() {
+                f(&mut l.rv);
+            }
+            server.claims.values_mut().for_each(|c| f(&mut c.rv));
+        }
+        for c in &mut self.ctrls {
+            c.buried.values_mut().for_each(|b| f(&mut b.rv));
+        }
+    }
+}
+
+impl Machine for System {
+    type Step = Step;
+
+    fn steps(&self) -> Vec<Step> {
+        let mut out = Vec::new();
+        for i in 0..self.clients.len() {
+            out.extend(self.client_steps(i));
+        }
+        let menu = self.cfg.menu;
+        let ctrls = if menu.leaders { 0..2 } else { 0..1 };
+        for c in ctrls {
+            out.push(Step::Reconcile(c));
+            if menu.lag || menu.leaders {
+                out.extend(self.stale_differs(c).then_some(Step::Stale(c)));
+            }
+            if menu.leaders {
+                out.extend((self.server.leader != c).then_some(Step::TakeOver(c)));
+                out.push(Step::Restart(c));
+            }
+        }
+        for i in 0..self.clients.len() {
+            let claim = self.clients[i].claim.as_ref().and_then(|n| self.server.claims.get(n));
+            if let Some(claim) = claim.filter(|_| menu.neighbour) {
+                out.extend((claim.lease > 1).then_some(Step::PatchLease(i)));
+                out.extend((claim.mark == Mark::None).then_some(Step::Forge(i)));
+                out.push(Step::DeleteClaim(i));
+            }
+            if menu.pods && self.server.pods.contains(&i) {
+                out.extend([Step::ForceDeletePod(i), Step::StopPod(i)]);
+            }
+        }
+        if menu.lock {
+            match &self.server.lock {
+                Some(l) if !l.deleting => out.push(Step::DeleteLock),
+                Some(_) => {}
+                None => out.push(Step::Recreate),
+            }
+        }
+        out.extend(self.next_deadline().map(|t| Step::Tick(t.0)));
+        out
+    }
+
+    fn take(&mut self, step: &Step) {
+        match *step {
+            Step::Create(i) => self.create(i),
+            Step::Renew(i) => self.renew(i),
+            Step::Hold(i) => self.hold(i),
+            Step::Release(i) => self.release(i, None),
+            Step::Notice(i, c) => self.release(i, Some(c)),
+            Step::Kill(i) => self.stop_process(i, self.now),
+            Step::SeeRevoked(i) => self.see_revoked(i),
+            Step::Reconcile(c) => self.reconcile(c, true),
+            Step::Stale(c) => self.reconcile(c, false),
+            Step::TakeOver(c) => {
+                self.server.leader = c;
+                self.ctrls[c].leads = true;
+            }
+            Step::Restart(c) => self.ctrls[c] = controller::Ctrl::default(),
+            Step::ForceDeletePod(i) => {
+                self.server.pods.remove(&i);
+            }
+            Step::StopPod(i) => {
+                self.stop_process(i, self.now);
+                self.server.stopped.insert(i);
+                self.server.pods.remove(&i);
+            }
+            Step::PatchLease(i) => {
+                let early = !self.recorded(i);
+                self.patch_claim(i, |c| (c.lease, c.wait, c.patched_early) = (1, 1, c.patched_early || early));
+            }
+            Step::Forge(i) => self.patch_claim(i, |c| c.mark = Mark::Forged),
+            Step::DeleteClaim(i) => {
+                if let Some(name) = &self.clients[i].claim {
+                    self.server.claims.remove(name);
+                }
+            }
+            Step::DeleteLock => {
+                let rv = self.next_rv();
+                if let Some(l) = self.server.lock.as_mut() {
+                    (l.deleting, l.rv) = (true, rv);
+                }
+            }
+            Step::Recreate => self.recreate(),
+            Step::Tick(to) => self.tick(Ms(to)),
+        }
+        self.note_stopped();
+    }
+
+    fn key(&self) -> String {
+        format!("{:?}", self.normalized())
+    }
+
+    fn settles(&self) {
+        self.settle();
+    }
+}
+
+impl System {
+    fn patch_claim(&mut self, i: usize, f: impl FnOnce(&mut ClaimObj)) {
+        let rv = self.next_rv();
+        let name = self.clients[i].claim.clone().unwrap_or_default();
+        if let Some(c) = self.server.claims.get_mut(&name) {
+            f(c);
+            c.rv = rv;
+        }
+    }
+
+    /// Whether the lock's stored status records client `i`'s claim.
+    fn recorded(&self, i: usize) -> bool {
+        let name = self.clients[i].claim.as_deref().unwrap_or_default();
+        let status = self.server.lock.as_ref().map(|l| &l.status);
+        status.is_some_and(|s| crate::protocol::record::recorded(s, name).is_some())
+    }
+
+    fn recreate(&mut self) {
+        self.incarnations += 1;
+        let rv = self.next_rv();
+        let spec = DistributedLockSpec {
+            max_holders: self.cfg.max_holders,
+            lease_duration_seconds: self.cfg.spec_lease,
+            ..Default::default()
+        };
+        self.server.lock = Some(LockObj {
+            uid: self.incarnations,
+            rv,
+            spec,
+            status: DistributedLockStatus::default(),
+            deleting: false,
+        });
+    }
+}
+
+/// `secs` seconds.
+fn secs(secs: i32) -> Duration {
+    Duration::from_secs(secs.max(1) as u64)
+}

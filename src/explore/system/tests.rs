@@ -1,0 +1,130 @@
+//! The system model's configurations: those `cargo test` explores, the mutation test,
+//! and a larger run by hand:
+//! `LEASEHOLD_SYSTEM=clients,max_holders,spec_lease,client_lease,menu,depth cargo test
+//! --lib explore::system -- --nocapture`, where `menu` lists the letters of what else may
+//! happen: `n`eighbour, `p`ods, `l`ock deletion, `w`atch lag, `c`ontroller failover,
+//! `k`ills and notices.
+
+use super::{Config, Menu, System};
+use crate::explore::{Covered, explore, explore_settling};
+use crate::mutant::{Mutant, mutate};
+
+/// A configuration, its depth, and the depth within which every state must settle.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    cfg: Config,
+    depth: usize,
+    settle: usize,
+}
+
+fn menu(letters: &str) -> Menu {
+    Menu {
+        neighbour: letters.contains('n'),
+        pods: letters.contains('p'),
+        lock: letters.contains('l'),
+        lag: letters.contains('w'),
+        leaders: letters.contains('c'),
+        kills: letters.contains('k'),
+    }
+}
+
+const fn run(clients: usize, max_holders: i32, (spec_lease, client_lease): (i32, i32), menu: Menu, depth: usize) -> Run {
+    Run {
+        cfg: Config {
+            clients,
+            max_holders,
+            spec_lease,
+            client_lease,
+            menu,
+        },
+        depth,
+        settle: 0,
+    }
+}
+
+fn check(r: Run) -> Covered {
+    let covered = explore_settling(System::new(r.cfg), r.depth, r.settle).unwrap_or_else(|found| panic!("{found}"));
+    println!(
+        "explored {:?}: {} states, {} transitions, depth {}, {:.1} s",
+        r, covered.states, covered.transitions, covered.depth, covered.secs
+    );
+    covered
+}
+
+/// The run `LEASEHOLD_SYSTEM` asks for, if any.
+fn by_hand() -> Option<Run> {
+    let spec = std::env::var("LEASEHOLD_SYSTEM").ok()?;
+    let f: Vec<&str> = spec.split(',').map(str::trim).collect();
+    assert!((6..=7).contains(&f.len()), "LEASEHOLD_SYSTEM=clients,max_holders,spec_lease,client_lease,menu,depth[,settle_depth]");
+    let n = |i: usize| f[i].parse::<i32>().expect("a number");
+    let settle = f.get(6).map_or(0, |_| n(6) as usize);
+    Some(Run { settle, ..run(n(0) as usize, n(1), (n(2), n(3)), menu(f[4]), n(5) as usize) })
+}
+
+#[test]
+fn every_interleaving_of_the_whole_protocol_within_the_bound_keeps_every_rule() {
+    if let Some(r) = by_hand() {
+        check(r);
+        return;
+    }
+    let covered = check(run(2, 1, (4, 8), menu("nplwck"), 8));
+    assert!(covered.states > 1000, "the bound explores too little: {covered:?}");
+}
+
+/// The mutant `LEASEHOLD_MUTANT` names, if any (to try a bound by hand).
+fn mutant_by_hand() -> Option<Mutant> {
+    let name = std::env::var("LEASEHOLD_MUTANT").ok()?;
+    let all = [
+        Mutant::PodGoneAsStopped,
+        Mutant::ForgedAsReleased,
+        Mutant::DeletedClaimFreesAtOnce,
+        Mutant::SuccessorNotFenced,
+        Mutant::LetGoWithSlotHeldBack,
+        Mutant::NoTokenEpoch,
+        Mutant::LifoQueue,
+        Mutant::HoldBackBySpecLease,
+        Mutant::LeaseAsPatchedAtGrant,
+        Mutant::WaiterActsOnWaitRenewal,
+        Mutant::ExpiryWithoutFreshRead,
+    ];
+    all.into_iter().find(|m| format!("{m:?}") == name)
+}
+
+/// Each bug put back, with the configuration that shows it: the fewest actors that
+/// can, and a depth past its shortest trace.
+const MUTANTS: [(Mutant, &str, usize); 10] = [
+    (Mutant::PodGoneAsStopped, "p", 8),
+    (Mutant::ForgedAsReleased, "n", 8),
+    (Mutant::DeletedClaimFreesAtOnce, "n", 8),
+    (Mutant::HoldBackBySpecLease, "n", 11),
+    (Mutant::LeaseAsPatchedAtGrant, "n", 8),
+    (Mutant::WaiterActsOnWaitRenewal, "", 6),
+    (Mutant::ExpiryWithoutFreshRead, "w", 7),
+    (Mutant::LifoQueue, "", 4),
+    (Mutant::LetGoWithSlotHeldBack, "nl", 9),
+    (Mutant::NoTokenEpoch, "l", 10),
+];
+
+#[test]
+fn the_system_model_finds_each_bug_put_back_with_its_trace() {
+    for (bug, letters, depth) in MUTANTS {
+        let r = run(2, 1, (4, 8), menu(letters), depth);
+        let _on = mutate(bug);
+        let found = explore(System::new(r.cfg), r.depth);
+        let found = found.err().unwrap_or_else(|| panic!("{bug:?} was put back and nothing was found within {r:?}"));
+        assert!(found.trace.starts_with("   1. "), "{bug:?}: no trace in {found}");
+        println!("{bug:?} found within {r:?}:\n{found}\n");
+    }
+}
+
+#[test]
+fn a_mutant_by_hand() {
+    let (Some(m), Some(r)) = (mutant_by_hand(), by_hand()) else {
+        return;
+    };
+    let _on = mutate(m);
+    match explore(System::new(r.cfg), r.depth) {
+        Ok(covered) => println!("{m:?} NOT found within {r:?}: {covered:?}"),
+        Err(found) => println!("{m:?} found:\n{found}"),
+    }
+}

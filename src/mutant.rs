@@ -1,0 +1,66 @@
+//! Bugs this project once had, each behind a switch that is always off outside
+//! `cargo test`: the exhaustive explorers' mutation tests (`decide::explore`,
+//! `explore::system`) put them back one at a time and must find each.
+
+/// One bug put back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) enum Mutant {
+    /// A pod object gone is taken as its processes stopped (no kubelet report needed).
+    PodGoneAsStopped,
+    /// A forged release mark counts as the owner's release.
+    ForgedAsReleased,
+    /// A claim deleted by someone else frees its holder's slot at once.
+    DeletedClaimFreesAtOnce,
+    /// A designated successor that may have been told of its grant is dropped like a
+    /// waiter, not held back like a holder.
+    SuccessorNotFenced,
+    /// A deleted lock is let go while a revoked holder's slot is still held back.
+    LetGoWithSlotHeldBack,
+    /// A re-created lock's tokens start afresh, not above the old lock's.
+    NoTokenEpoch,
+    /// New claims are queued in reverse arrival order.
+    LifoQueue,
+    /// A revoked holder's slot is held back by the lock's current lease, not the longer
+    /// one its claim stated at its grant.
+    HoldBackBySpecLease,
+    /// A grant records the lease its claim states at that moment (a neighbour may have
+    /// patched it down), not the longest recorded while it waited.
+    LeaseAsPatchedAtGrant,
+    /// A granted waiter counts how long it may act from its last waiting renewal by its
+    /// wait lease, not by its lease.
+    WaiterActsOnWaitRenewal,
+    /// The controller deletes a claim it judged expired without reading it afresh and
+    /// deleting under that read's resourceVersion.
+    ExpiryWithoutFreshRead,
+}
+
+#[cfg(test)]
+thread_local! {
+    static ON: std::cell::Cell<Option<Mutant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Put `m` back (tests only) until the returned guard goes.
+#[cfg(test)]
+pub(crate) fn mutate(m: Mutant) -> impl Drop {
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ON.with(|c| c.set(None));
+        }
+    }
+    ON.with(|c| c.set(Some(m)));
+    Restore
+}
+
+/// Whether mutant `m` is on: never outside `cargo test`.
+#[inline]
+pub(crate) fn on(m: Mutant) -> bool {
+    #[cfg(test)]
+    return ON.with(|c| c.get() == Some(m));
+    #[cfg(not(test))]
+    {
+        let _ = m;
+        false
+    }
+}
