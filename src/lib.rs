@@ -51,12 +51,12 @@ pub mod crd;
 pub mod decide;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+#[cfg(test)]
+mod explore;
 #[cfg(feature = "client")]
 pub mod kubeconfig;
 #[cfg(all(test, feature = "client"))]
 mod mock_api;
-#[cfg(test)]
-mod explore;
 mod mutant;
 pub mod protocol;
 

@@ -258,7 +258,11 @@ pub(crate) fn valid_until<T: std::ops::Add<Duration, Output = T>>(sent: T, lease
 /// Whether a granted claim may act at `now`, the deadline of its last successful write
 /// being `valid_until`: [`Session::hold`] returns only while that deadline is at least a
 /// [`safety_margin`] ahead (else it renews first).
-pub(crate) fn may_hold<T: std::ops::Add<Duration, Output = T> + PartialOrd>(now: T, valid_until: T, lease: Duration) -> bool {
+pub(crate) fn may_hold<T: std::ops::Add<Duration, Output = T> + PartialOrd>(
+    now: T,
+    valid_until: T,
+    lease: Duration,
+) -> bool {
     now + safety_margin(lease) < valid_until
 }
 

@@ -104,6 +104,26 @@ pub fn controller_expiry<T: Add<Duration, Output = T>>(seen: T, spec_lease: Dura
     seen + spec_lease.max(claim_lease) + EXPIRY_GRACE
 }
 
+/// Controller side: the lease a claim is judged by for its expiry. The longest of the
+/// one it states (`stated`) and the one the lock's status recorded for it
+/// (`recorded`: at its grant for a holder, when first queued or designated for a
+/// waiter), for anyone allowed to patch Leases may lower the claim after that; while it
+/// waits (`holding` false), also the wait lease it states and the wait lease of the
+/// recorded one, which its process renews by whatever the claim says now.
+pub fn judged_lease(
+    stated: Duration,
+    stated_wait: Option<Duration>,
+    recorded: Option<Duration>,
+    holding: bool,
+) -> Duration {
+    let own = stated.max(recorded.unwrap_or_default());
+    if holding {
+        return own;
+    }
+    own.max(stated_wait.unwrap_or_default())
+        .max(recorded.map(wait_lease).unwrap_or_default())
+}
+
 /// Controller side: when a revoked holder's held-back slot passes on, counted from
 /// when this controller first saw the revocation.
 pub fn hold_back_ends<T: Add<Duration, Output = T>>(revoked_seen: T, lease: Duration) -> T {

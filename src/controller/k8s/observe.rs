@@ -19,7 +19,7 @@ use crate::decide::{ClaimView, Decision, World, decide};
 use crate::protocol::claim;
 use crate::protocol::record::{self, Tampered, Written};
 use crate::protocol::release::{self, Mark};
-use crate::protocol::timing::MAX_LEASE_SECONDS;
+use crate::protocol::timing::{self, MAX_LEASE_SECONDS};
 
 /// A Warning event to publish on a claim: (claim, reason, note).
 pub type Warning = (Arc<Lease>, &'static str, String);
@@ -186,8 +186,6 @@ fn judge_claims(
         if let Some(problem) = claim::lease_problem(lease_obj) {
             j.warnings.push((lease_obj.clone(), "ClaimLease", problem));
         }
-        // A holder lives by the lease recorded at its grant, whatever its claim says now
-        // (a neighbour may patch the claim): never judge it by less.
         let name_of = lease_obj.name_any();
         if let Some(field) = changed_since_recorded(lease_obj, (&pod, &uid), status) {
             let note = format!(
@@ -197,15 +195,17 @@ fn judge_claims(
             );
             j.warnings.push((lease_obj.clone(), "ClaimTampered", note));
         }
+        // Judged by the lease recorded for it, whatever its claim says now (a neighbour
+        // may patch the claim): a holder by its lease, a waiter by its wait lease.
         let holder = status.holders.iter().find(|h| h.claim == name_of);
-        let recorded = holder.and_then(|h| h.lease_duration_seconds).unwrap_or(0);
-        let own = claim::claim_lease_duration(lease_obj)
-            .max(Duration::from_secs(recorded.clamp(0, MAX_LEASE_SECONDS) as u64));
-        // A waiter (queued or new) lives by its wait lease, a holder by its lease.
-        let own = match claim::claim_wait_lease(lease_obj) {
-            Some(wait) if holder.is_none() => own.max(wait),
-            _ => own,
-        };
+        let recorded = record::recorded(status, &name_of).and_then(|r| r.lease_seconds);
+        let recorded = recorded.map(|l| Duration::from_secs(l.clamp(0, MAX_LEASE_SECONDS) as u64));
+        let own = timing::judged_lease(
+            claim::claim_lease_duration(lease_obj),
+            claim::claim_wait_lease(lease_obj),
+            recorded,
+            holder.is_some(),
+        );
         let expired = if seen.expired_gone.contains(&name_of) {
             true // deleted by this controller as expired
         } else if seen.gone.contains(&name_of) {
@@ -511,6 +511,32 @@ mod tests {
             names(&later.expired),
             ["a"],
             "judged expired at its deadline, to be read afresh"
+        );
+    }
+
+    /// Found by the system model (`explore::system`): a neighbour who patched a queued
+    /// claim's lease and wait lease down to 1 s had it expired (dropped, a lost waiter;
+    /// and a successor told of its grant, acting on its 10 s lease, judged by 1 s).
+    #[test]
+    fn a_waiter_patched_down_after_it_was_queued_is_judged_by_its_recorded_wait_lease() {
+        let mut patched = (*lease("a")).clone();
+        patched.spec.as_mut().unwrap().lease_duration_seconds = Some(1);
+        patched
+            .annotations_mut()
+            .insert(crate::protocol::WAIT_LEASE_ANNOTATION.into(), "1".into());
+        let seen = in_view(vec![Arc::new(patched)], Vec::new());
+        let status: DistributedLockStatus = serde_json::from_value(serde_json::json!({"queue": [{
+            "claim": "a", "pod": "pod-a", "podUID": "uid-a", "requestedAt": "2026-01-01T00:00:00Z",
+            "leaseDurationSeconds": 10}], "queueLength": 1}))
+        .unwrap();
+        let (mut tracker, t0) = (Tracker::default(), Instant::now());
+        let none = |_: &str, _: Option<&str>| None;
+        let judged = judge_claims(&seen, &status, Duration::from_secs(1), none, &mut tracker, t0);
+        let expires = *judged.deadlines.first().expect("its expiry is a deadline");
+        let by_wait_lease = timing::controller_expiry(t0, Duration::from_secs(1), timing::WAIT_LEASE);
+        assert_eq!(
+            expires, by_wait_lease,
+            "judged by the wait lease of its recorded 10 s lease, not by 1 s"
         );
     }
 

@@ -37,8 +37,9 @@ pub(super) struct Client {
     /// Its grant's fencing token, once it acts.
     pub token: i64,
     /// Grants it was told of (by the lock's watch, or directly), by token: whether the
-    /// status they came with records its claim as it wrote it ([`record::check`]).
-    told: BTreeMap<i64, bool>,
+    /// status they came with records its claim as it wrote it ([`record::check`]), and
+    /// the highest token of a process that had certainly stopped when it was issued.
+    told: BTreeMap<i64, (bool, i64)>,
 }
 
 impl Client {
@@ -65,7 +66,12 @@ impl Client {
     /// When its next renewal falls due, at the pace of where it stands.
     pub fn renew_due(&self, lease: std::time::Duration) -> Ms {
         let held = self.held || self.phase == Phase::Acting;
-        self.last_sent + if held { renew_interval(lease) } else { wait_renew_interval(lease) }
+        self.last_sent
+            + if held {
+                renew_interval(lease)
+            } else {
+                wait_renew_interval(lease)
+            }
     }
 
     pub fn shift(&mut self, f: impl Fn(&mut Ms)) {
@@ -150,14 +156,17 @@ impl System {
     pub(super) fn hold(&mut self, i: usize) {
         let (now, lease) = (self.now, self.lease());
         let c = &mut self.clients[i];
-        let (&token, &recorded_as_written) = c.told.last_key_value().expect("told of a grant");
+        let (&token, &(recorded_as_written, stopped_before)) = c.told.last_key_value().expect("told of a grant");
         if !recorded_as_written {
             // The status records its claim otherwise than it wrote it: it withdraws
             // (and would claim anew), never acting under the tampered record. No lost
             // waiter: only a patch made before the record can do that.
             let name = c.claim.clone().unwrap_or_default();
             let early = self.server.claims.get(&name).is_none_or(|o| o.patched_early);
-            assert!(early, "client {i}'s record was lowered though its claim was patched only after the lock recorded it");
+            assert!(
+                early,
+                "client {i}'s record was lowered though its claim was patched only after the lock recorded it"
+            );
             return self.release(i, None);
         }
         c.held = true;
@@ -166,11 +175,12 @@ impl System {
         }
         (c.phase, c.token) = (Phase::Acting, token);
         c.until = c.valid_until + safety_margin(lease);
-        self.check_acting(i);
+        self.check_acting(i, stopped_before);
     }
 
-    /// The properties as client `i` starts to act.
-    fn check_acting(&self, i: usize) {
+    /// The properties as client `i` starts to act on a grant issued when the highest
+    /// token of a process that had stopped was `stopped_before`.
+    fn check_acting(&self, i: usize, stopped_before: i64) {
         let now = self.now;
         let token = self.clients[i].token;
         let acting: Vec<(usize, i64)> = (self.clients.iter().enumerate())
@@ -184,9 +194,8 @@ impl System {
             acting.len()
         );
         assert!(
-            token > self.stopped_max,
-            "client {i} acts with token {token}, not above {} of a process that stopped before",
-            self.stopped_max
+            token > stopped_before,
+            "client {i} acts with token {token}, not above {stopped_before} of a process that stopped before it was issued",
         );
         let twins = acting.iter().filter(|(_, t)| *t == token).count();
         assert!(twins == 1, "two processes act with token {token}: {acting:?}");
@@ -248,8 +257,12 @@ impl System {
     /// The client of claim `claim` is told of its grant with `token`, with `status`,
     /// which it checks records its claim as it wrote it.
     pub(super) fn tell(&mut self, claim: &str, token: i64, status: &DistributedLockStatus) {
-        let lease = self.cfg.client_lease;
-        let c = self.clients.iter_mut().enumerate().find(|(_, c)| c.claim.as_deref() == Some(claim));
+        let (lease, stopped_before) = (self.cfg.client_lease, self.stopped_max);
+        let c = self
+            .clients
+            .iter_mut()
+            .enumerate()
+            .find(|(_, c)| c.claim.as_deref() == Some(claim));
         let Some((i, c)) = c.filter(|(_, c)| c.phase == Phase::Waiting) else {
             return;
         };
@@ -261,6 +274,7 @@ impl System {
             wait_hash: None,
             lease_seconds: lease,
         };
-        c.told.insert(token, record::check(status, claim, &wrote).is_ok());
+        c.told
+            .insert(token, (record::check(status, claim, &wrote).is_ok(), stopped_before));
     }
 }

@@ -12,10 +12,11 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{ClaimObj, LockObj, Mark, Ms, Server, System, secs};
-use crate::api::Holder;
+use crate::api::{DistributedLockStatus, Holder};
 use crate::decide::{ActionKind, Arrival, ClaimView, PodView, World, decide, holder_lease, occupied};
 use crate::mutant::{Mutant, on as mutant};
-use crate::protocol::timing::{MAX_LEASE_SECONDS, controller_expiry, hold_back_ends};
+use crate::protocol::record;
+use crate::protocol::timing::{MAX_LEASE_SECONDS, controller_expiry, hold_back_ends, judged_lease};
 
 /// What a controller saw of one claim.
 #[derive(Clone, Debug)]
@@ -51,12 +52,13 @@ impl Ctrl {
     }
 }
 
-/// The lease claim `obj` lives by as judged for expiry (as `judge_claims`): its own, or
-/// the one recorded at its grant if longer; while it waits, its wait lease if longer.
-fn own_lease(obj: &ClaimObj, holder: Option<&Holder>) -> Duration {
-    let recorded = holder.and_then(|h| h.lease_duration_seconds).unwrap_or(0);
-    let own = secs(obj.lease).max(Duration::from_secs(recorded.clamp(0, MAX_LEASE_SECONDS) as u64));
-    if holder.is_none() { own.max(secs(obj.wait)) } else { own }
+/// The lease claim `name` is judged by for its expiry, as `judge_claims` judges it:
+/// [`judged_lease`] of what it states and what `status` recorded for it.
+fn own_lease(name: &str, obj: &ClaimObj, status: &DistributedLockStatus) -> Duration {
+    let holding = status.holders.iter().any(|h| h.claim == name);
+    let recorded = record::recorded(status, name).and_then(|r| r.lease_seconds);
+    let recorded = recorded.map(|l| Duration::from_secs(l.clamp(0, MAX_LEASE_SECONDS) as u64));
+    judged_lease(secs(obj.lease), Some(secs(obj.wait)), recorded, holding)
 }
 
 impl System {
@@ -81,7 +83,12 @@ impl System {
             }
         }
         // Forgotten as deleted: a revoked holder may have renewed until just before.
-        let gone: Vec<String> = ctrl.seen.keys().filter(|n| !server.claims.contains_key(*n)).cloned().collect();
+        let gone: Vec<String> = ctrl
+            .seen
+            .keys()
+            .filter(|n| !server.claims.contains_key(*n))
+            .cloned()
+            .collect();
         for name in gone {
             ctrl.seen.remove(&name);
             if let Some(from) = ctrl.revoked_seen.get_mut(&name) {
@@ -93,9 +100,12 @@ impl System {
 
     /// When controller `c` judges claim `name` expired.
     fn expiry(&self, c: usize, name: &str, obj: &ClaimObj, lock: &LockObj) -> Ms {
-        let holder = lock.status.holders.iter().find(|h| h.claim == name);
         let seen = self.ctrls[c].seen.get(name).map_or(self.now, |s| s.changed);
-        controller_expiry(seen, secs(lock.spec.lease_duration_seconds), own_lease(obj, holder))
+        controller_expiry(
+            seen,
+            secs(lock.spec.lease_duration_seconds),
+            own_lease(name, obj, &lock.status),
+        )
     }
 
     /// When controller `c` lets revoked holder `h`'s held-back slot pass on.
@@ -125,7 +135,7 @@ impl System {
     /// differs from a fresh one).
     pub(super) fn stale_differs(&self, c: usize) -> bool {
         let ctrl = &self.ctrls[c];
-        ctrl.leads && ctrl.view.as_ref().is_some_and(|v| format!("{v:?}") != format!("{:?}", self.server))
+        ctrl.leads && ctrl.view.as_ref().is_some_and(|v| v.rv != self.server.rv)
     }
 
     /// One reconcile of the lock by controller `c`, on fresh caches or on what it has.
@@ -172,7 +182,10 @@ impl System {
         let ctrl = &self.ctrls[c];
         let status = &lock.status;
         let named = |n: &str| status.holders.iter().any(|h| h.claim == n) || status.queue.iter().any(|w| w.claim == n);
-        let buried = ctrl.buried.iter().filter(|(n, _)| !view.claims.contains_key(*n) && named(n));
+        let buried = ctrl
+            .buried
+            .iter()
+            .filter(|(n, _)| !view.claims.contains_key(*n) && named(n));
         let in_view = view.claims.iter().map(|(n, o)| (n, o, false));
         let mut expired = BTreeSet::new();
         let mut claims = Vec::new();
@@ -216,6 +229,7 @@ impl System {
             None => false,
             Some(obj) if without_read || Some(obj.renewals) == seen => {
                 self.check_not_acting(&obj, name);
+                self.next_rv();
                 self.server.claims.remove(name);
                 self.ctrls[c].buried.insert(name.to_string(), obj);
                 true
@@ -273,22 +287,34 @@ impl System {
             closing: lock.deleting,
         };
         let d = decide(&world);
+        let now = self.now;
+        // A grant's expiry counts from its grant: before the write, whose answer may be lost.
+        for a in d.actions.iter().filter(|a| matches!(a.kind, ActionKind::Granted(_))) {
+            if let Some(s) = self.ctrls[c].seen.get_mut(&a.claim) {
+                s.changed = s.changed.max(now);
+            }
+        }
         // The designated successor is told of its grant before the status write.
         if let Some(s) = &lock.status.successor
-            && d.actions.iter().any(|a| a.claim == s.claim && a.kind == ActionKind::Granted(s.fencing_token))
+            && d.actions
+                .iter()
+                .any(|a| a.claim == s.claim && a.kind == ActionKind::Granted(s.fencing_token))
         {
             self.tell(&s.claim, s.fencing_token, &lock.status);
         }
-        let stored = self.server.lock.as_ref();
-        if !stored.is_some_and(|l| l.uid == lock.uid && l.rv == lock.rv) {
-            return; // a conflict: written since this controller read it
-        }
-        self.check_write(lock, &d.status, claims, &d.actions);
-        let rv = self.next_rv();
-        let written = self.server.lock.as_mut().expect("stored");
-        (written.status, written.rv) = (d.status.clone(), rv);
-        let written = written.clone();
-        let now = self.now;
+        let written = if d.status == lock.status {
+            lock.clone() // unchanged: nothing to write
+        } else {
+            let stored = self.server.lock.as_ref();
+            if !stored.is_some_and(|l| l.uid == lock.uid && l.rv == lock.rv) {
+                return; // a conflict: written since this controller read it
+            }
+            self.check_write(lock, &d.status, claims, &d.actions);
+            let rv = self.next_rv();
+            let written = self.server.lock.as_mut().expect("stored");
+            (written.status, written.rv) = (d.status.clone(), rv);
+            written.clone()
+        };
         let ctrl = &mut self.ctrls[c];
         if let Some(v) = ctrl.view.as_mut() {
             v.lock = Some(written.clone());
@@ -301,21 +327,21 @@ impl System {
         for n in revoked {
             ctrl.revoked_seen.entry(n.to_string()).or_insert(now);
         }
-        let named = |n: &str| d.status.holders.iter().any(|h| h.claim == n) || d.status.queue.iter().any(|w| w.claim == n);
+        let named =
+            |n: &str| d.status.holders.iter().any(|h| h.claim == n) || d.status.queue.iter().any(|w| w.claim == n);
         ctrl.buried.retain(|n, _| named(n));
         for a in &d.actions {
             if let ActionKind::Granted(token) = a.kind {
-                if let Some(s) = self.ctrls[c].seen.get_mut(&a.claim) {
-                    s.changed = s.changed.max(now);
-                }
                 self.tell(&a.claim, token, &d.status);
             }
         }
         for name in &d.delete_claims {
+            self.next_rv();
             self.server.claims.remove(name);
         }
         if written.deleting && !occupied(&d.status) {
             self.check_let_go(written.uid);
+            self.next_rv();
             self.server.lock = None; // the finalizer lets it go
         }
     }
@@ -324,7 +350,11 @@ impl System {
     fn check_let_go(&self, uid: u32) {
         let now = self.now;
         let (first, next) = (i64::from(uid) * 1_000_000, i64::from(uid + 1) * 1_000_000);
-        let acting = self.clients.iter().enumerate().find(|(_, c)| (first..next).contains(&c.token) && c.until > now);
+        let acting = self
+            .clients
+            .iter()
+            .enumerate()
+            .find(|(_, c)| (first..next).contains(&c.token) && c.until > now);
         assert!(
             acting.is_none(),
             "the deleted lock was let go while client {:?} it granted may act",
@@ -334,7 +364,13 @@ impl System {
 
     /// The properties of a status write: the stored token never goes down; grants go in
     /// arrival order (no claim granted while an older one still waits).
-    fn check_write(&self, lock: &LockObj, next: &crate::api::DistributedLockStatus, claims: &[ClaimView], actions: &[crate::decide::Action]) {
+    fn check_write(
+        &self,
+        lock: &LockObj,
+        next: &crate::api::DistributedLockStatus,
+        claims: &[ClaimView],
+        actions: &[crate::decide::Action],
+    ) {
         assert!(
             next.fencing_token >= lock.status.fencing_token,
             "the stored fencing token went from {} down to {}",
@@ -343,9 +379,15 @@ impl System {
         );
         let made = |n: &str| claims.iter().find(|c| c.name == n).map(|c| c.arrival.requested_micros);
         for a in actions.iter().filter(|a| matches!(a.kind, ActionKind::Granted(_))) {
-            let before = |w: &&crate::api::Waiter| matches!((made(&w.claim), made(&a.claim)), (Some(x), Some(y)) if x < y);
+            let before =
+                |w: &&crate::api::Waiter| matches!((made(&w.claim), made(&a.claim)), (Some(x), Some(y)) if x < y);
             let older = next.queue.iter().find(before);
-            assert!(older.is_none(), "{} granted while the older {:?} waits", a.claim, older.map(|w| &w.claim));
+            assert!(
+                older.is_none(),
+                "{} granted while the older {:?} waits",
+                a.claim,
+                older.map(|w| &w.claim)
+            );
         }
     }
 }

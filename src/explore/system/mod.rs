@@ -23,10 +23,13 @@
 //!
 //! **Properties**, checked as each step is taken: at most `maxHolders` processes act at
 //! once (a process acts from its grant until its command is certainly dead); a process
-//! starts acting only with a token above every token of a process that stopped before,
-//! and no two acting processes share one (across deletion and re-creation); a write
-//! never lowers the stored token; the controller never deletes as expired a claim whose
-//! process may still act.
+//! acts only with a token above every token of a process that had stopped when its
+//! grant was issued, and no two acting processes share one (across deletion and
+//! re-creation); a write never lowers the stored token; grants go in arrival order; the
+//! controller never deletes as expired a claim whose process may still act, nor lets a
+//! deleted lock go while a process it granted may; a client never finds its grant's
+//! record tampered unless its claim was patched before the lock recorded it (no lost
+//! waiter). Liveness: see [`settle`].
 
 mod client;
 mod controller;
@@ -128,6 +131,7 @@ struct LockObj {
 /// What the API server stores.
 #[derive(Clone, Debug)]
 struct Server {
+    /// Bumped by every change, so a cache is current exactly when its `rv` is.
     rv: u64,
     lock: Option<LockObj>,
     claims: BTreeMap<String, ClaimObj>,
@@ -349,24 +353,30 @@ impl Machine for System {
             Step::Reconcile(c) => self.reconcile(c, true),
             Step::Stale(c) => self.reconcile(c, false),
             Step::TakeOver(c) => {
+                self.next_rv();
                 self.server.leader = c;
                 self.ctrls[c].leads = true;
             }
             Step::Restart(c) => self.ctrls[c] = controller::Ctrl::default(),
             Step::ForceDeletePod(i) => {
+                self.next_rv();
                 self.server.pods.remove(&i);
             }
             Step::StopPod(i) => {
                 self.stop_process(i, self.now);
+                self.next_rv();
                 self.server.stopped.insert(i);
                 self.server.pods.remove(&i);
             }
             Step::PatchLease(i) => {
                 let early = !self.recorded(i);
-                self.patch_claim(i, |c| (c.lease, c.wait, c.patched_early) = (1, 1, c.patched_early || early));
+                self.patch_claim(i, |c| {
+                    (c.lease, c.wait, c.patched_early) = (1, 1, c.patched_early || early)
+                });
             }
             Step::Forge(i) => self.patch_claim(i, |c| c.mark = Mark::Forged),
             Step::DeleteClaim(i) => {
+                self.next_rv();
                 if let Some(name) = &self.clients[i].claim {
                     self.server.claims.remove(name);
                 }

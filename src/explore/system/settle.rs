@@ -25,7 +25,14 @@ impl System {
         let intact = claim.is_some_and(|o| o.mark == Mark::None && !o.patched_early);
         let waits = c.phase == Phase::Waiting && self.now < client_stop_by(c.last_sent, wait_lease(self.lease()));
         let open = self.server.lock.as_ref().is_some_and(|l| !l.deleting);
-        waits && intact && open && self.server.pods.contains(&i) && !self.ctrls.iter().any(|k| k.noticed.contains(c.claim.as_deref().unwrap_or_default()))
+        waits
+            && intact
+            && open
+            && self.server.pods.contains(&i)
+            && !self
+                .ctrls
+                .iter()
+                .any(|k| k.noticed.contains(c.claim.as_deref().unwrap_or_default()))
     }
 
     /// One fair round.
@@ -69,10 +76,17 @@ impl System {
                 s.note_stopped();
             }
         }
-        let not = waiters.iter().filter(|i| !s.clients[**i].has_been_told()).collect::<Vec<_>>();
+        let not = waiters
+            .iter()
+            .filter(|i| !s.clients[**i].has_been_told())
+            .collect::<Vec<_>>();
         panic!(
             "does not settle: waiters {not:?} never granted{} after {ROUNDS} fair rounds; at the end: {:?}",
-            if deleting { ", or the deleted lock never let go" } else { "" },
+            if deleting {
+                ", or the deleted lock never let go"
+            } else {
+                ""
+            },
             s.server
         );
     }

@@ -28,7 +28,13 @@ fn menu(letters: &str) -> Menu {
     }
 }
 
-const fn run(clients: usize, max_holders: i32, (spec_lease, client_lease): (i32, i32), menu: Menu, depth: usize) -> Run {
+const fn run(
+    clients: usize,
+    max_holders: i32,
+    (spec_lease, client_lease): (i32, i32),
+    menu: Menu,
+    depth: usize,
+) -> Run {
     Run {
         cfg: Config {
             clients,
@@ -55,10 +61,50 @@ fn check(r: Run) -> Covered {
 fn by_hand() -> Option<Run> {
     let spec = std::env::var("LEASEHOLD_SYSTEM").ok()?;
     let f: Vec<&str> = spec.split(',').map(str::trim).collect();
-    assert!((6..=7).contains(&f.len()), "LEASEHOLD_SYSTEM=clients,max_holders,spec_lease,client_lease,menu,depth[,settle_depth]");
+    assert!(
+        (6..=7).contains(&f.len()),
+        "LEASEHOLD_SYSTEM=clients,max_holders,spec_lease,client_lease,menu,depth[,settle_depth]"
+    );
     let n = |i: usize| f[i].parse::<i32>().expect("a number");
     let settle = f.get(6).map_or(0, |_| n(6) as usize);
-    Some(Run { settle, ..run(n(0) as usize, n(1), (n(2), n(3)), menu(f[4]), n(5) as usize) })
+    Some(Run {
+        settle,
+        ..run(n(0) as usize, n(1), (n(2), n(3)), menu(f[4]), n(5) as usize)
+    })
+}
+
+/// What `cargo test` explores: the whole menu to a shallow depth, then each kind of
+/// fault alone to a deeper one (2 clients, maxHolders 1, a 4 s lock lease under the
+/// clients' 8 s, so the rules that take the longer lease are exercised), and a
+/// semaphore of 2 among 3 clients. Every state within `settle` steps must settle.
+fn ci() -> [Run; 6] {
+    let lease = (4, 8);
+    [
+        Run {
+            settle: 4,
+            ..run(2, 1, lease, menu("nplwck"), 6)
+        },
+        Run {
+            settle: 5,
+            ..run(2, 1, lease, menu("n"), 9)
+        },
+        Run {
+            settle: 6,
+            ..run(2, 1, lease, menu("w"), 10)
+        },
+        Run {
+            settle: 7,
+            ..run(2, 1, lease, menu("l"), 9)
+        },
+        Run {
+            settle: 5,
+            ..run(2, 1, lease, menu("ck"), 7)
+        },
+        Run {
+            settle: 4,
+            ..run(3, 2, lease, menu("np"), 6)
+        },
+    ]
 }
 
 #[test]
@@ -67,8 +113,10 @@ fn every_interleaving_of_the_whole_protocol_within_the_bound_keeps_every_rule() 
         check(r);
         return;
     }
-    let covered = check(run(2, 1, (4, 8), menu("nplwck"), 8));
-    assert!(covered.states > 1000, "the bound explores too little: {covered:?}");
+    for r in ci() {
+        let covered = check(r);
+        assert!(covered.states > 10_000, "the bound explores too little: {covered:?}");
+    }
 }
 
 /// The mutant `LEASEHOLD_MUTANT` names, if any (to try a bound by hand).
@@ -111,7 +159,9 @@ fn the_system_model_finds_each_bug_put_back_with_its_trace() {
         let r = run(2, 1, (4, 8), menu(letters), depth);
         let _on = mutate(bug);
         let found = explore(System::new(r.cfg), r.depth);
-        let found = found.err().unwrap_or_else(|| panic!("{bug:?} was put back and nothing was found within {r:?}"));
+        let found = found
+            .err()
+            .unwrap_or_else(|| panic!("{bug:?} was put back and nothing was found within {r:?}"));
         assert!(found.trace.starts_with("   1. "), "{bug:?}: no trace in {found}");
         println!("{bug:?} found within {r:?}:\n{found}\n");
     }
