@@ -35,6 +35,37 @@ pub(crate) enum Mutant {
     ExpiryWithoutFreshRead,
 }
 
+#[cfg_attr(not(test), allow(dead_code))]
+impl Mutant {
+    /// Every mutant, in the order they were added.
+    pub(crate) const ALL: [Mutant; 11] = [
+        Mutant::PodGoneAsStopped,
+        Mutant::ForgedAsReleased,
+        Mutant::DeletedClaimFreesAtOnce,
+        Mutant::SuccessorNotFenced,
+        Mutant::LetGoWithSlotHeldBack,
+        Mutant::NoTokenEpoch,
+        Mutant::LifoQueue,
+        Mutant::HoldBackBySpecLease,
+        Mutant::LeaseAsPatchedAtGrant,
+        Mutant::WaiterActsOnWaitRenewal,
+        Mutant::ExpiryWithoutFreshRead,
+    ];
+
+    /// Whether the decide core's world model (`decide::explore`) can show it; the
+    /// others need time, records or a neighbour's patches, which only the system model
+    /// (`explore::system`) has.
+    pub(crate) fn in_decide_model(self) -> bool {
+        !matches!(
+            self,
+            Mutant::HoldBackBySpecLease
+                | Mutant::LeaseAsPatchedAtGrant
+                | Mutant::WaiterActsOnWaitRenewal
+                | Mutant::ExpiryWithoutFreshRead
+        )
+    }
+}
+
 #[cfg(test)]
 thread_local! {
     static ON: std::cell::Cell<Option<Mutant>> = const { std::cell::Cell::new(None) };

@@ -98,15 +98,7 @@ const MUTANTS: Bound = Bound {
 #[test]
 fn the_explorer_finds_each_bug_put_back_with_its_trace() {
     use crate::mutant::{Mutant, mutate};
-    let bugs = [
-        Mutant::PodGoneAsStopped,
-        Mutant::ForgedAsReleased,
-        Mutant::DeletedClaimFreesAtOnce,
-        Mutant::SuccessorNotFenced,
-        Mutant::LetGoWithSlotHeldBack,
-        Mutant::NoTokenEpoch,
-        Mutant::LifoQueue,
-    ];
+    let bugs = Mutant::ALL.into_iter().filter(|m| m.in_decide_model());
     for bug in bugs {
         let _on = mutate(bug);
         let found = catch_unwind(|| explore(MUTANTS));

@@ -108,7 +108,7 @@ impl System {
             }
         }
         if kills && matches!(c.phase, Phase::Waiting | Phase::Acting) {
-            out.push(Step::Kill(i));
+            out.extend([Step::Kill(i), Step::Hang(i)]);
         }
         out
     }
@@ -123,6 +123,7 @@ impl System {
             lease: self.cfg.client_lease,
             wait: wait_lease(lease).as_secs() as i32,
             mark: Mark::None,
+            hash: true,
             renewals: 0,
             made: self.made,
             patched_early: false,
@@ -266,7 +267,7 @@ impl System {
         let Some((i, c)) = c.filter(|(_, c)| c.phase == Phase::Waiting) else {
             return;
         };
-        let (pod, uid, hash) = (format!("p{i}"), format!("u{i}"), format!("h-{claim}"));
+        let (pod, uid, hash) = (format!("p{i}"), format!("u{i}"), super::secret().hash());
         let wrote = Written {
             pod: &pod,
             pod_uid: &uid,

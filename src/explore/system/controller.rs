@@ -15,8 +15,8 @@ use super::{ClaimObj, LockObj, Mark, Ms, Server, System, secs};
 use crate::api::{DistributedLockStatus, Holder};
 use crate::decide::{ActionKind, Arrival, ClaimView, PodView, World, decide, holder_lease, occupied};
 use crate::mutant::{Mutant, on as mutant};
-use crate::protocol::record;
 use crate::protocol::timing::{MAX_LEASE_SECONDS, controller_expiry, hold_back_ends, judged_lease};
+use crate::protocol::{record, release};
 
 /// What a controller saw of one claim.
 #[derive(Clone, Debug)]
@@ -52,6 +52,18 @@ impl Ctrl {
     }
 }
 
+/// The real judgement of a release mark written by `by`, against the `recorded` hash.
+fn judge_mark(by: Mark, recorded: Option<&str>) -> release::Mark {
+    let mark = match by {
+        Mark::None => return release::Mark::None,
+        Mark::Owner => super::secret().reveal().to_string(),
+        Mark::Forged => "true".to_string(),
+    };
+    let mut lease = k8s_openapi::api::coordination::v1::Lease::default();
+    lease.metadata.annotations = Some([(crate::protocol::RELEASED_ANNOTATION.to_string(), mark)].into());
+    release::judge(&lease, recorded)
+}
+
 /// The lease claim `name` is judged by for its expiry, as `judge_claims` judges it:
 /// [`judged_lease`] of what it states and what `status` recorded for it.
 fn own_lease(name: &str, obj: &ClaimObj, status: &DistributedLockStatus) -> Duration {
@@ -64,6 +76,21 @@ fn own_lease(name: &str, obj: &ClaimObj, status: &DistributedLockStatus) -> Dura
 impl System {
     /// Controller `c`'s caches catch up with the API server; a renewal counts as seen now.
     fn sync(&mut self, c: usize) {
+        self.sync_claims(c);
+        let view = self.ctrls[c].view.as_mut().expect("synced");
+        (view.lock, view.leader, view.rv) = (self.server.lock.clone(), self.server.leader, self.server.rv);
+    }
+
+    /// Controller `c`'s lock watch catches up, its claim and pod watches do not.
+    pub(super) fn sync_lock(&mut self, c: usize) {
+        if let Some(view) = self.ctrls[c].view.as_mut() {
+            (view.lock, view.rv) = (self.server.lock.clone(), 0);
+        }
+    }
+
+    /// Controller `c`'s claim and pod watches catch up (its lock watch may not): a
+    /// renewal counts as seen now.
+    pub(super) fn sync_claims(&mut self, c: usize) {
         let now = self.now;
         let server = self.server.clone();
         let ctrl = &mut self.ctrls[c];
@@ -95,7 +122,12 @@ impl System {
                 *from = (*from).max(now);
             }
         }
-        ctrl.view = Some(server);
+        let lock = ctrl.view.as_mut().map(|v| v.lock.take());
+        ctrl.view = Some(Server {
+            lock: lock.unwrap_or_else(|| server.lock.clone()),
+            rv: 0, // partly current
+            ..server
+        });
     }
 
     /// When controller `c` judges claim `name` expired.
@@ -131,8 +163,8 @@ impl System {
         out
     }
 
-    /// Whether controller `c`'s caches differ from the API server (a stale step then
-    /// differs from a fresh one).
+    /// Whether controller `c`'s caches may differ from the API server (a stale step then
+    /// differs from a fresh one): `rv` is the server's only when all of it was synced.
     pub(super) fn stale_differs(&self, c: usize) -> bool {
         let ctrl = &self.ctrls[c];
         ctrl.leads && ctrl.view.as_ref().is_some_and(|v| v.rv != self.server.rv)
@@ -196,6 +228,19 @@ impl System {
                 expired.insert(name.clone());
             }
             let seq = ctrl.seen.get(name).map_or(u64::MAX, |s| s.seq);
+            // The hash its mark is judged by: the one recorded, else the claim's own.
+            let (holder, waiter) = (
+                status.holders.iter().find(|h| &h.claim == name),
+                status.queue.iter().find(|w| &w.claim == name),
+            );
+            let claims_own = obj.hash.then(|| super::secret().hash());
+            let recorded = match (holder, waiter) {
+                (Some(h), _) => h.release_hash.clone(),
+                (None, Some(w)) => w.release_hash.clone(),
+                (None, None) => claims_own,
+            };
+            let mark = judge_mark(obj.mark, recorded.as_deref());
+            let noticed = ctrl.noticed.contains(name);
             claims.push(ClaimView {
                 name: name.clone(),
                 pod: format!("p{}", obj.client),
@@ -205,9 +250,9 @@ impl System {
                     requested_micros: i64::from(obj.made),
                     seen_seq: seq,
                 },
-                released: obj.mark == Mark::Owner || ctrl.noticed.contains(name),
-                forged: obj.mark == Mark::Forged,
-                release_hash: Some(format!("h-{name}")),
+                released: mark == release::Mark::Valid || (mark == release::Mark::None && noticed),
+                forged: mark == release::Mark::Forged,
+                release_hash: recorded,
                 wait_hash: None,
                 stamped_token: None,
                 expired: is_expired,

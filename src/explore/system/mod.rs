@@ -1,12 +1,13 @@
 //! The whole claim protocol as one state machine, explored exhaustively within a bound:
 //! the API server (objects with resourceVersions, preconditioned writes, quorum reads),
-//! two controller replicas with their own caches and memories (leadership that moves; a
-//! deposed leader acting on its stale view until it reads that it lost), clients (create,
-//! wait, renew, hold, act, release by mark or notice, withdraw, be killed, be told of a
-//! grant late), a neighbour with the client Role's rights (patch a claim's lease down,
-//! forge its release mark, delete it), pods (force-deleted with their processes running
-//! on, or stopped by the kubelet), a lock deleted behind its finalizer and re-created
-//! under the same name, and time.
+//! two controller replicas with their own caches and memories (caches that lag as a
+//! whole or watch by watch; leadership that moves, a deposed leader acting on its stale
+//! view until it reads that it lost; restarts), clients (create, wait, renew, hold, act,
+//! release by mark or notice, withdraw, hang on a renewal that lands unanswered, be
+//! killed, be told of a grant late), a neighbour with the client Role's rights (patch a
+//! claim's lease down, strip its release hash, forge its release mark, delete it), pods
+//! (force-deleted with their processes running on, or stopped by the kubelet), a lock
+//! deleted behind its finalizer and re-created under the same name, and time.
 //!
 //! The decisions are the real ones: the controller calls [`crate::decide::decide`],
 //! [`crate::decide::holder_lease`] and the timing rules of [`crate::protocol::timing`];
@@ -59,8 +60,10 @@ impl Add<Duration> for Ms {
 /// controller's.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Menu {
-    /// The neighbour patches claims' leases down, forges marks, deletes claims.
+    /// The neighbour patches claims: leases down, hashes stripped, marks forged.
     pub neighbour: bool,
+    /// The neighbour deletes claims.
+    pub deletes: bool,
     /// Pods are force-deleted (processes run on) or stopped by the kubelet.
     pub pods: bool,
     /// The lock is deleted and re-created under the same name.
@@ -89,14 +92,22 @@ pub(super) struct Config {
     pub menu: Menu,
 }
 
-/// A claim's release mark.
+/// A claim's release mark, by who wrote it (the controller judges it by
+/// [`crate::protocol::release::judge`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mark {
     None,
-    /// Written by its process, with the secret its hash was made from.
+    /// Written by its process: its release secret.
     Owner,
-    /// Written by someone else.
+    /// Written by someone else, who does not know the secret: `"true"`.
     Forged,
+}
+
+/// The release secret every client of the model uses (the neighbour never learns it).
+fn secret() -> &'static crate::protocol::release::Secret {
+    static SECRET: std::sync::LazyLock<crate::protocol::release::Secret> =
+        std::sync::LazyLock::new(crate::protocol::release::Secret::generate);
+    &SECRET
 }
 
 /// A claim Lease as the API server stores it.
@@ -108,6 +119,8 @@ struct ClaimObj {
     lease: i32,
     wait: i32,
     mark: Mark,
+    /// It carries the hash of its owner's release secret (the neighbour may strip it).
+    hash: bool,
     /// How many times its process renewed it (its `renewTime` changes).
     renewals: u32,
     /// Its place in arrival order.
@@ -166,6 +179,10 @@ pub(super) enum Step {
     Reconcile(usize),
     /// Controller c, believing it leads, reconciles on the caches it has.
     Stale(usize),
+    /// Controller c's lock watch catches up (its claim watch lags).
+    SyncLock(usize),
+    /// Controller c's claim and pod watches catch up (its lock watch lags).
+    SyncClaims(usize),
     /// Controller c takes the leader election Lease (the other may not know yet).
     TakeOver(usize),
     /// Controller c restarts: no caches, no memory, not leading.
@@ -178,6 +195,10 @@ pub(super) enum Step {
     PatchLease(usize),
     /// The neighbour writes a release mark on client i's claim.
     Forge(usize),
+    /// The neighbour strips the release hash from client i's claim.
+    StripHash(usize),
+    /// Client i's renewal lands but its answer never comes (the request hangs).
+    Hang(usize),
     /// The neighbour deletes client i's claim.
     DeleteClaim(usize),
     /// Someone deletes the lock (its finalizer holds it).
@@ -314,6 +335,9 @@ impl Machine for System {
             if menu.lag || menu.leaders {
                 out.extend(self.stale_differs(c).then_some(Step::Stale(c)));
             }
+            if menu.lag && self.ctrls[c].view.is_some() {
+                out.extend([Step::SyncLock(c), Step::SyncClaims(c)]);
+            }
             if menu.leaders {
                 out.extend((self.server.leader != c).then_some(Step::TakeOver(c)));
                 out.push(Step::Restart(c));
@@ -324,8 +348,9 @@ impl Machine for System {
             if let Some(claim) = claim.filter(|_| menu.neighbour) {
                 out.extend((claim.lease > 1).then_some(Step::PatchLease(i)));
                 out.extend((claim.mark == Mark::None).then_some(Step::Forge(i)));
-                out.push(Step::DeleteClaim(i));
+                out.extend(claim.hash.then_some(Step::StripHash(i)));
             }
+            out.extend(claim.filter(|_| menu.deletes).map(|_| Step::DeleteClaim(i)));
             if menu.pods && self.server.pods.contains(&i) {
                 out.extend([Step::ForceDeletePod(i), Step::StopPod(i)]);
             }
@@ -352,6 +377,8 @@ impl Machine for System {
             Step::SeeRevoked(i) => self.see_revoked(i),
             Step::Reconcile(c) => self.reconcile(c, true),
             Step::Stale(c) => self.reconcile(c, false),
+            Step::SyncLock(c) => self.sync_lock(c),
+            Step::SyncClaims(c) => self.sync_claims(c),
             Step::TakeOver(c) => {
                 self.next_rv();
                 self.server.leader = c;
@@ -375,6 +402,11 @@ impl Machine for System {
                 });
             }
             Step::Forge(i) => self.patch_claim(i, |c| c.mark = Mark::Forged),
+            Step::StripHash(i) => {
+                let early = !self.recorded(i);
+                self.patch_claim(i, |c| (c.hash, c.patched_early) = (false, c.patched_early || early));
+            }
+            Step::Hang(i) => self.patch_claim(i, |c| c.renewals += 1),
             Step::DeleteClaim(i) => {
                 self.next_rv();
                 if let Some(name) = &self.clients[i].claim {
