@@ -42,6 +42,8 @@
 #![warn(missing_docs)]
 
 pub mod api;
+#[cfg(test)]
+mod bfs;
 #[cfg(feature = "client")]
 pub mod client;
 #[cfg(feature = "controller")]
@@ -51,7 +53,7 @@ pub mod crd;
 pub mod decide;
 #[cfg(feature = "etcd")]
 pub mod etcd;
-#[cfg(test)]
+#[cfg(all(test, feature = "client"))]
 mod explore;
 #[cfg(feature = "client")]
 pub mod kubeconfig;

@@ -420,7 +420,7 @@ proptest! {
 #[derive(Clone)]
 struct Bounded(Model, usize, i32);
 
-impl crate::explore::Machine for Bounded {
+impl crate::bfs::Machine for Bounded {
     type Step = Event;
     fn steps(&self) -> Vec<Event> {
         let Bounded(m, claims, _) = self;
@@ -451,14 +451,14 @@ impl crate::explore::Machine for Bounded {
 fn every_interleaving_within_the_bound_keeps_the_etcd_rules() {
     for (claims, max_holders, depth) in [(3, 1, 10), (3, 2, 9)] {
         let start = Bounded(Model::default(), claims, max_holders);
-        let covered = crate::explore::explore(start, depth).unwrap_or_else(|found| panic!("{found}"));
+        let covered = crate::bfs::explore(start, depth).unwrap_or_else(|found| panic!("{found}"));
         println!("etcd rules, {claims} claims, maxHolders {max_holders}, depth {depth}: {covered:?}");
         assert!(covered.states > 1000, "the bound explores too little: {covered:?}");
     }
     // The etcd rules share the one rule for when a pod's process has stopped: put back
     // the bug of taking a pod object gone for its process stopped, and it is found.
     let _on = crate::mutant::mutate(crate::mutant::Mutant::PodGoneAsStopped);
-    let found = crate::explore::explore(Bounded(Model::default(), 3, 1), 10);
+    let found = crate::bfs::explore(Bounded(Model::default(), 3, 1), 10);
     let found = found.expect_err("PodGoneAsStopped put back and not found");
     println!("etcd rules, PodGoneAsStopped found:\n{found}");
 }

@@ -43,7 +43,7 @@ use std::ops::Add;
 use std::time::Duration;
 
 use crate::api::{DistributedLockSpec, DistributedLockStatus};
-use crate::explore::Machine;
+use crate::bfs::Machine;
 
 /// A moment of the model's clock, in milliseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]

@@ -7,8 +7,8 @@
 
 use super::client::Phase;
 use super::{Mark, System};
+use crate::bfs::Machine;
 use crate::client::session::may_hold;
-use crate::explore::Machine;
 use crate::protocol::timing::{client_stop_by, wait_lease};
 
 /// How many fair rounds a state has to settle in (each round: every actor once, and

@@ -1,12 +1,13 @@
 //! The system model's configurations: those `cargo test` explores, the mutation test,
-//! and a larger run by hand:
-//! `LEASEHOLD_SYSTEM=clients,max_holders,spec_lease,client_lease,menu,depth cargo test
-//! --lib explore::system -- --nocapture`, where `menu` lists the letters of what else may
-//! happen: `n`eighbour (patches and deletes claims; `d`: deletes only), `p`ods, `l`ock deletion, `w`atch lag, `c`ontroller failover,
-//! `k`ills and notices.
+//! and any other by hand: `LEASEHOLD_SYSTEM=clients,max_holders,spec_lease,
+//! client_lease,menu,depth[,settle_depth] cargo test --lib explore::system::tests::every
+//! -- --nocapture`, where `menu` lists the letters of what else may happen: `n`eighbour
+//! (patches and deletes claims; `d`: deletes only), `p`ods, `l`ock deletion, `w`atch
+//! lag, `c`ontroller failover, `k`ills, hangs and notices. With `LEASEHOLD_MUTANT=Name`
+//! too, `explore::system::tests::the_system` looks for that mutant within that run.
 
 use super::{Config, Menu, System};
-use crate::explore::{Covered, explore, explore_settling};
+use crate::bfs::{Covered, explore, explore_settling};
 use crate::mutant::{Mutant, mutate};
 
 /// A configuration, its depth, and the depth within which every state must settle.
@@ -128,10 +129,19 @@ const MUTANTS: [(Mutant, &str, usize); 10] = [
     (Mutant::NoTokenEpoch, "l", 10),
 ];
 
+/// The mutants to look for: [`MUTANTS`], or the one `LEASEHOLD_MUTANT` names within
+/// the run `LEASEHOLD_SYSTEM` asks for (to try a bound by hand).
+fn mutants() -> Vec<(Mutant, Run)> {
+    if let (Some(m), Some(r)) = (mutant_by_hand(), by_hand()) {
+        return vec![(m, r)];
+    }
+    let to_run = |(bug, letters, depth)| (bug, run(2, 1, (4, 8), menu(letters), depth));
+    MUTANTS.into_iter().map(to_run).collect()
+}
+
 #[test]
 fn the_system_model_finds_each_bug_put_back_with_its_trace() {
-    for (bug, letters, depth) in MUTANTS {
-        let r = run(2, 1, (4, 8), menu(letters), depth);
+    for (bug, r) in mutants() {
         let _on = mutate(bug);
         let started = std::time::Instant::now();
         let found = explore(System::new(r.cfg), r.depth);
@@ -141,17 +151,5 @@ fn the_system_model_finds_each_bug_put_back_with_its_trace() {
         assert!(found.trace.starts_with("   1. "), "{bug:?}: no trace in {found}");
         let secs = started.elapsed().as_secs_f64();
         println!("{bug:?} found within {r:?} in {secs:.1} s:\n{found}\n");
-    }
-}
-
-#[test]
-fn a_mutant_by_hand() {
-    let (Some(m), Some(r)) = (mutant_by_hand(), by_hand()) else {
-        return;
-    };
-    let _on = mutate(m);
-    match explore(System::new(r.cfg), r.depth) {
-        Ok(covered) => println!("{m:?} NOT found within {r:?}: {covered:?}"),
-        Err(found) => println!("{m:?} found:\n{found}"),
     }
 }
