@@ -24,11 +24,12 @@ ms_since() { echo $(( ($2 - $1) / 1000000 )); }
 node_of() { k get pod -n "$1" "$2" -o jsonpath='{.spec.nodeName}'; }
 holder_of() { k get dlock -n "$NS" "$1" -o jsonpath='{.status.holders[0].pod}'; }
 token_of() { k get dlock -n "$NS" "$1" -o jsonpath='{.status.holders[0].fencingToken}'; }
-leader() { k get lease -n "$SYSNS" leasehold-controller -o jsonpath='{.spec.holderIdentity}'; }
-# The time of the first `start` line of POD in the shared log (empty if none).
-started_at() { awk -v p="$1" '$1 == "start" && $3 == p { print $4; exit }' "$HOST_LOG_DIR/log"; }
-has_started() { [ -n "$(started_at "$1")" ]; }
-other_started() { [ -n "$(other_start "$1")" ]; }
+other_started() { [ -n "$(other_start "$1")" ] || { echo "only $1 in the log: $(tail -5 "$HOST_LOG_DIR/log")"; return 1; }; }
+# ready NODE: the node's Ready condition.
+ready() { k get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}'; }
+# exit_code POD: the exit code of POD's (terminated) container.
+exit_code() { k get pod -n "$NS" "$1" -o jsonpath='{.status.containerStatuses[0].state.terminated.exitCode}'; }
+queued() { k get dlock -n "$NS" "$1" -o jsonpath='{.status.queue[*].pod}'; }
 other_start() { awk -v p="$1" '$1 == "start" && $3 != p { print $4 }' "$HOST_LOG_DIR/log" | sort -n | head -1; }
 # The worker nodes but $1.
 others() { local n; for n in $NODES; do [ "$n" = "$1" ] || echo "$n"; done; }
@@ -79,29 +80,31 @@ fault_partition() {
   hn=$1 next=$2
   lock part "$lease"
   pinned_pod part-a "$hn" part "$HOLD_SCRIPT"
-  until_ok 120 bash -c "[ \"\$('$KUBECTL' get dlock -n $NS part -o jsonpath='{.status.holders[0].pod}')\" = part-a ]" || fail "part-a does not hold lock part"
-  until_ok 60 has_started "$h" || fail "the holder's CMD never started"
+  within 120 "part-a does not hold lock part" is part-a holder_of part
+  within 60 "the holder's CMD never started" has_started "$h"
   pinned_pod part-b "$next" part "$HOLD_SCRIPT"
-  until_ok 60 bash -c "'$KUBECTL' get dlock -n $NS part -o jsonpath='{.status.queue[*].pod}' | grep -qw part-b" || fail "part-b is not queued"
+  within 60 "part-b is not queued" has part-b queued part
   t0=$(now_ns)
   node_partition "$hn"
   echo "  partitioned $hn, holding $h (token $(token_of part))"
-  until_ok 120 other_started "$h" || { node_heal "$hn"; fail "the lock did not move on from the partitioned $h"; }
+  ( within 120 "the lock did not move on from the partitioned $h" other_started "$h" ) || { node_heal "$hn"; exit 1; }
   t_next=$(other_start "$h")
   t_term=$(awk -v p="$h" '$1 == "term" && $3 == p { print $4; exit }' "$HOST_LOG_DIR/log")
-  [ -n "$t_term" ] || { node_heal "$hn"; fail "the partitioned holder's CMD never stopped"; }
+  [ -n "$t_term" ] || { node_heal "$hn"; fail "the partitioned holder's CMD never stopped; the log has: $(cat "$HOST_LOG_DIR/log")"; }
   local bound=$(( (lease + 2 + 5) * 1000 )) # lease + EXPIRY_GRACE + a few seconds
   echo "  partition -> old CMD stopped: $(ms_since "$t0" "$t_term") ms; -> next CMD started: $(ms_since "$t0" "$t_next") ms (bound $bound ms)"
-  [ "$t_term" -lt "$t_next" ] || fail "the next holder started before the partitioned one stopped"
+  [ "$t_term" -lt "$t_next" ] || fail "the next holder started before the partitioned one stopped; the log has: $(cat "$HOST_LOG_DIR/log")"
   [ "$(ms_since "$t0" "$t_next")" -le "$bound" ] || fail "the lock took longer than $bound ms to move on"
   check_log partition
   node_heal "$hn"
-  until_ok 120 bash -c "[ \"\$('$KUBECTL' get node $hn -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" = True ]" \
-    || fail "$hn did not become Ready again after the partition healed"
-  until_ok 120 bash -c "[ \"\$('$KUBECTL' get pod -n $NS $h -o jsonpath='{.status.containerStatuses[0].state.terminated.exitCode}')\" = 76 ]" \
-    || fail "the partitioned holder's leasehold run did not exit 76 (lost): $(k get pod -n "$NS" "$h" -o jsonpath='{.status.containerStatuses[0].state}')"
-  [ "$(awk -v p="$h" '$1 == "start" && $3 == p' "$HOST_LOG_DIR/log" | wc -l)" = 1 ] || fail "the partitioned holder ran CMD again"
-  k logs -n "$NS" "$h" | grep -q "lost lock part" || fail "the partitioned holder did not report its loss"
+  within 120 "$hn did not become Ready again after the partition healed" is True ready "$hn"
+  within 120 "the partitioned holder's leasehold run did not exit 76 (lost)" is 76 exit_code "$h"
+  [ "$(awk -v p="$h" '$1 == "start" && $3 == p' "$HOST_LOG_DIR/log" | wc -l)" = 1 ] \
+    || fail "the partitioned holder ran CMD again; the log has: $(cat "$HOST_LOG_DIR/log")"
+  # Its log is read through the API server from the node's kubelet: the path the partition
+  # cut, which may take a while to carry a request again after the node is Ready (the
+  # kubelet's own requests go the other way).
+  within 120 "the partitioned holder did not report its loss" has_line "lost lock part" k logs -n "$NS" "$h"
   echo "  healed: $hn Ready, $h exited 76 (lost lock part), its CMD ran once"
   check_log partition-healed
   clean_lock part
@@ -120,22 +123,21 @@ fault_node_lost() {
     || fail "both controller replicas run on $ln: a lost node would take both (see SPREAD_REPLICAS)"
   lock lost "$lease"
   pinned_pod lost-a "$ln" lost "$HOLD_SCRIPT"
-  until_ok 120 bash -c "[ \"\$('$KUBECTL' get dlock -n $NS lost -o jsonpath='{.status.holders[0].pod}')\" = lost-a ]" || fail "lost-a does not hold lock lost"
-  until_ok 60 has_started lost-a || fail "lost-a's CMD never started"
+  within 120 "lost-a does not hold lock lost" is lost-a holder_of lost
+  within 60 "lost-a's CMD never started" has_started lost-a
   pinned_pod lost-b "$other" lost "$HOLD_SCRIPT"
-  until_ok 60 bash -c "'$KUBECTL' get dlock -n $NS lost -o jsonpath='{.status.queue[*].pod}' | grep -qw lost-b" || fail "lost-b is not queued"
+  within 60 "lost-b is not queued" has lost-b queued lost
   tok=$(token_of lost)
   t0=$(now_ns)
   node_kill "$ln"
   # Its processes died with it (SIGKILL of every container's init): the section ends now.
   echo "end $tok lost-a $t0 killed-with-its-node" >> "$HOST_LOG_DIR/log"
   echo "  killed $ln at once: leader $lead, holder lost-a (token $tok)"
-  until_ok 90 bash -c "l=\$('$KUBECTL' get lease -n $SYSNS leasehold-controller -o jsonpath='{.spec.holderIdentity}'); [ -n \"\$l\" ] && [ \"\$l\" != $lead ]" \
-    || fail "no new leader after $ln was lost"
+  within 90 "no new leader after $ln was lost" other_than "$lead" leader
   t_lead=$(now_ns)
-  until_ok 120 has_started lost-b || fail "lost-b never started after lost-a's node was lost"
+  within 120 "lost-b never started after lost-a's node was lost" has_started lost-b
   t_next=$(started_at lost-b)
-  [ "$(token_of lost)" -gt "$tok" ] || fail "the token did not increase"
+  [ "$(token_of lost)" -gt "$tok" ] || fail "the token did not increase: $tok -> $(token_of lost)"
   # The standby leads within the leader lease (15 s); the claim expires a lease (and the
   # expiry grace) after the new leader first saw it, not after pod eviction (minutes).
   local lead_bound=$(( (15 + 5) * 1000 )) next_bound=$(( (15 + lease + 2 + 5) * 1000 ))
@@ -172,19 +174,20 @@ spec:
 YAML
     pod_spec Never upgrade "end=\$((\$(date +%s) + $secs)); while [ \$(date +%s) -lt \$end ]; do leasehold run --lock upgrade -- sh -c \"$inner\" || exit 1; done" \
       '["sh", "-c"]'; } | k apply -n "$NS" -f - >/dev/null
-  until_ok 120 bash -c "[ \$(grep -c '^start ' '$HOST_LOG_DIR/log') -ge 10 ]" || fail "the clients are not taking turns"
+  within 120 "the clients are not taking turns" at_least 10 grep -c '^start ' "$HOST_LOG_DIR/log"
   before=$(grep -c '^start ' "$HOST_LOG_DIR/log")
   local t0; t0=$(now_ns)
   "$HELM" upgrade leasehold charts/leasehold -n "$SYSNS" --reuse-values --set image.tag=e2e-upgraded >/dev/null
-  k rollout status -n "$SYSNS" deploy/leasehold --timeout=180s >/dev/null || fail "the upgrade did not roll out"
+  k rollout status -n "$SYSNS" deploy/leasehold --timeout=180s >/dev/null \
+    || fail "the upgrade did not roll out: $(k get pods -n "$SYSNS" -o wide 2>&1)"
   local t1; t1=$(now_ns)
   echo "  upgraded to ${IMAGE%:*}:e2e-upgraded in $(ms_since "$t0" "$t1") ms; $before grants before it"
-  k wait -n "$NS" --for=condition=complete job/upgrade --timeout=300s >/dev/null || fail "the contending clients did not finish: $(k get pods -n "$NS" -l app=upgrade)"
+  k wait -n "$NS" --for=condition=complete job/upgrade --timeout=300s >/dev/null || fail "the contending clients did not finish: $(k get pods -n "$NS" -l app=upgrade -o wide 2>&1)"
   sort -n -k4,4 "$HOST_LOG_DIR/log" | grep -E '^(start|end|term) ' > "$HOST_LOG_DIR/upgrade.sorted"
   "$LEASEHOLD" check-log "$HOST_LOG_DIR/upgrade.sorted" | cut -c1-160 || fail "upgrade: the log shows an overlap:
 $(cat "$HOST_LOG_DIR/upgrade.sorted")"
   after=$(awk -v t="$t1" '$1 == "start" && $4 > t' "$HOST_LOG_DIR/upgrade.sorted" | wc -l)
-  [ "$after" -gt 0 ] || fail "no grant after the upgrade rolled out"
+  [ "$after" -gt 0 ] || fail "no grant after the upgrade rolled out; the log has: $(tail -20 "$HOST_LOG_DIR/upgrade.sorted")"
   local during; during=$(awk -v a="$t0" -v b="$t1" '$1 == "start" && $4 > a && $4 < b' "$HOST_LOG_DIR/upgrade.sorted" | wc -l)
   gap=$(awk '$1 == "start" { if (last) { g = $4 - last; if (g > max) max = g } last = $4 } END { printf "%d", max / 1000000 }' "$HOST_LOG_DIR/upgrade.sorted")
   echo "  $(grep -c '^start ' "$HOST_LOG_DIR/upgrade.sorted") grants, no overlap, tokens increasing; $during during the rollout, $after after it; longest gap between grants: $gap ms"
@@ -204,8 +207,12 @@ fault_fast_path() {
   lead=$(leader); ln=$(node_of "$SYSNS" "$lead"); ip=$(k get pod -n "$SYSNS" "$lead" -o jsonpath='{.status.podIP}')
   set -- $(others "$ln")
   a=$1 b=$2
-  metrics() { k get --raw "/api/v1/namespaces/$SYSNS/pods/$lead:8080/proxy/metrics"; }
-  metric() { metrics | awk -v m="$1" '$1 == m { print $2 }' | head -1; }
+  # metric NAME: its value on the leader (through the API server's pod proxy; no value
+  # is 0, a failed read fails the step with kubectl's error).
+  metric() {
+    local m; m=$(within 30 "the leader's metrics" k get --raw "/api/v1/namespaces/$SYSNS/pods/$lead:8080/proxy/metrics") || exit 1
+    awk -v m="$1" '$1 == m { v = $2 } END { print v + 0 }' <<<"$m"
+  }
   direct0=$(metric leasehold_direct_grants_total); written0=$(metric 'leasehold_release_notices_total{category="written"}')
   lock fast 10
   # pass FIRST SECOND: FIRST holds 2 s on node $a, SECOND waits on node $b. FIRST's pod
@@ -214,27 +221,28 @@ fault_fast_path() {
   pass() {
     local inner; inner=$(printf '%s; sleep 2; %s' "$(line start)" "$(line end)" | sed 's/\$/\\$/g')
     pinned_pod "$1" "$a" fast "trap \"exit 0\" TERM; leasehold run --lock fast -- sh -c \"$inner\"; sleep 60 & wait" '["sh", "-c"]'
-    until_ok 60 bash -c "[ \"\$('$KUBECTL' get dlock -n $NS fast -o jsonpath='{.status.holders[0].pod}')\" = $1 ]" || fail "$1 does not hold lock fast"
+    within 60 "$1 does not hold lock fast" is "$1" holder_of fast
     pinned_pod "$2" "$b" fast "$(line start); sleep 1; $(line end)"
-    until_ok 120 bash -c "[ \"\$('$KUBECTL' get pod -n $NS $2 -o jsonpath='{.status.phase}')\" = Succeeded ]" || fail "$2 did not succeed"
+    within 120 "$2 did not succeed" is Succeeded k get pod -n "$NS" "$2" -o jsonpath='{.status.phase}'
   }
   pass fast-a fast-b
   direct1=$(metric leasehold_direct_grants_total); written1=$(metric 'leasehold_release_notices_total{category="written"}')
   echo "  leader $lead on $ln; holder on $a, successor on $b: direct grants ${direct0:-0} -> $direct1, release notices written ${written0:-0} -> $written1"
-  [ "${direct1:-0}" -gt "${direct0:-0}" ] || fail "no direct grant crossed the pod network"
-  [ "${written1:-0}" -gt "${written0:-0}" ] || fail "no release notice crossed the pod network"
+  [ "$direct1" -gt "$direct0" ] || fail "no direct grant crossed the pod network (leasehold_direct_grants_total $direct0 -> $direct1)"
+  [ "$written1" -gt "$written0" ] || fail "no release notice crossed the pod network (written notices $written0 -> $written1)"
   check_log fast-path
   node_block_port "$ln" "$ip" 8081
   local t0; t0=$(now_ns)
   pass fast-c fast-d
   node_unblock_port "$ln" "$ip" 8081
   local written2; written2=$(metric 'leasehold_release_notices_total{category="written"}')
-  [ "${written2:-0}" = "${written1:-0}" ] || fail "a release notice got through the black hole"
+  [ "$written2" = "$written1" ] || fail "a release notice got through the black hole (written notices $written1 -> $written2)"
   k logs -n "$NS" fast-c | grep -qi "notice" && echo "  fast-c: $(k logs -n "$NS" fast-c | grep -i notice | head -1)"
   local c_end d_start; c_end=$(awk '$1 == "end" && $3 == "fast-c" { print $4 }' "$HOST_LOG_DIR/log"); d_start=$(started_at fast-d)
   echo "  notices black-holed: fast-c's CMD ended -> fast-d's started in $(ms_since "$c_end" "$d_start") ms (by the release mark; bound: the lease, 10000 ms), no notice written"
   # Without the mark the slot would pass only by expiry, after more than the lease.
-  [ "$(ms_since "$c_end" "$d_start")" -le 10000 ] || fail "the handoff waited for an expiry: the release mark did not follow the lost notice"
+  [ "$(ms_since "$c_end" "$d_start")" -le 10000 ] \
+    || fail "the handoff waited for an expiry: the release mark did not follow the lost notice; the log has: $(cat "$HOST_LOG_DIR/log")"
   check_log fast-path-blackholed
   clean_lock fast
 }

@@ -62,7 +62,7 @@ step "control plane (leasehold dev) with workload and node-lifecycle controllers
   --kcm-controllers garbagecollector,namespace,serviceaccount-token,serviceaccount,deployment,replicaset,job,nodelifecycle,podgc \
   > "$W/dev.out" 2> "$W/dev.err" &
 DEV_PID=$!
-until_ok 300 grep -q '^KUBECONFIG=' "$W/dev.out" || { cat "$W/dev.err"; fail "leasehold dev did not start"; }
+( within 300 "leasehold dev did not start" grep -q '^KUBECONFIG=' "$W/dev.out" ) || { tail -20 "$W/dev.err"; exit 1; }
 export KUBECONFIG; KUBECONFIG=$(sed -n 's/^KUBECONFIG=//p' "$W/dev.out")
 API_PORT=$(sed -n 's#.*server: https://127.0.0.1:\([0-9]*\).*#\1#p' "$KUBECONFIG")
 
@@ -78,7 +78,7 @@ tests/e2e/containerd-config.sh "$W/containerd.toml" "$W/cni"
 containerd --config "$W/containerd.toml" --root "$W/containerd/root" --state "$W/containerd/state" \
   --address "$SOCK" > "$W/containerd.log" 2>&1 &
 CONTAINERD_PID=$!
-until_ok 30 ctr -a "$SOCK" version || fail "containerd did not start: $(tail "$W/containerd.log")"
+( within 30 "containerd did not start" ctr -a "$SOCK" version >/dev/null ) || { tail "$W/containerd.log"; exit 1; }
 
 step "images: pause (an OCI tarball written by hand) and leasehold:e2e (docker build)"
 rootfs() { # rootfs DIR: busybox with its applets
@@ -104,8 +104,8 @@ step "kubelet and kube-scheduler"
 pids+=($!)
 "$BIN/kube-scheduler" --kubeconfig "$KUBECONFIG" --leader-elect=false --port 0 --secure-port 0 > "$W/scheduler.log" 2>&1 &
 pids+=($!)
-until_ok 120 bash -c "[ \"\$('$KUBECTL' get node $NODE -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" = True ]" \
-  || fail "node not Ready: $(tail -20 "$W/kubelet.log")"
+( within 120 "node $NODE not Ready" is True k get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' ) \
+  || { tail -20 "$W/kubelet.log"; exit 1; }
 "$KUBECTL" taint nodes "$NODE" node.kubernetes.io/not-ready- >/dev/null 2>&1 || true
 echo "node $NODE Ready after $(( $(date +%s) - started ))s"
 

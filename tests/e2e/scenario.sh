@@ -18,8 +18,54 @@ SYSNS=leasehold-system
 k() { "$KUBECTL" "$@"; }
 step() { printf '\n==> %s\n' "$*"; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
-# Run the command until it succeeds, once a second, for at most $1 seconds.
-until_ok() { local t=$1; shift; for _ in $(seq "$t"); do "$@" >/dev/null 2>&1 && return 0; sleep 1; done; "$@"; }
+# within SECS WHAT CMD...: run CMD once a second until it succeeds, for at most SECS
+# seconds (by the clock, however long a try takes), and print what it printed; else fail
+# with WHAT and what its last try printed, stdout and stderr, so a failure says what it
+# saw (a kubectl error is not swallowed by a pipe).
+within() {
+  local t=$1 what=$2 out err errf end; shift 2
+  end=$(( $(date +%s) + t )); errf=$(mktemp)
+  while :; do
+    if out=$("$@" 2>"$errf"); then
+      rm -f "$errf"; [ -z "$out" ] || printf '%s\n' "$out"; return 0
+    fi
+    if [ "$(date +%s)" -ge "$end" ]; then
+      err=$(cat "$errf"); rm -f "$errf"
+      fail "$what (for ${t}s; the last try of \`$*\` printed: ${out:-nothing}${err:+; stderr: $err})"
+    fi
+    sleep 1
+  done
+}
+# is WANT CMD...: CMD succeeds and prints exactly WANT; else say what it printed.
+is() {
+  local want=$1 got; shift
+  got=$("$@") || return
+  [ "$got" = "$want" ] || { echo "wanted '$want', got '$got'"; return 1; }
+}
+# has WORD CMD...: CMD succeeds and prints WORD (a whole word); else say what it printed.
+has() {
+  local want=$1 got; shift
+  got=$("$@") || return
+  grep -qwF -- "$want" <<<"$got" || { echo "no '$want' in '$got'"; return 1; }
+}
+# has_line TEXT CMD...: CMD succeeds and prints TEXT; else say what it printed (its tail).
+has_line() {
+  local want=$1 got; shift
+  got=$("$@") || return
+  grep -qF -- "$want" <<<"$got" || { echo "no '$want' in: $(tail -5 <<<"$got")"; return 1; }
+}
+# at_least N CMD...: CMD prints a number of at least N.
+at_least() {
+  local n=$1 got; shift
+  got=$("$@")
+  [ "${got:-0}" -ge "$n" ] 2>/dev/null || { echo "${got:-nothing}, fewer than $n"; return 1; }
+}
+# other_than OLD CMD...: CMD prints something neither empty nor OLD.
+other_than() {
+  local old=$1 got; shift
+  got=$("$@") || return
+  [ -n "$got" ] && [ "$got" != "$old" ] || { echo "still '$got'"; return 1; }
+}
 
 # pod_spec RESTART LOCK SCRIPT [COMMAND]: a pod spec running `leasehold run --lock LOCK`
 # with SCRIPT as CMD (or COMMAND, a JSON list, with SCRIPT as its argument); $OUT is
@@ -55,6 +101,13 @@ YAML
   fi
 }
 
+# The leading controller replica.
+leader() { k get lease -n "$SYSNS" leasehold-controller -o jsonpath='{.spec.holderIdentity}'; }
+# The time of the first `start` line of POD in the shared log (empty if none).
+started_at() { awk -v p="$1" '$1 == "start" && $3 == p { print $4; exit }' "$HOST_LOG_DIR/log"; }
+# has_started POD: POD's CMD has written its `start` line (else say what the log has).
+has_started() { [ -n "$(started_at "$1")" ] || { echo "no start of $1 in the log: $(tail -5 "$HOST_LOG_DIR/log")"; return 1; }; }
+
 line() { echo "echo $1 \$LEASEHOLD_FENCING_TOKEN \$POD_NAME \$(date +%s%N) >> \$OUT"; }
 
 install_chart() {
@@ -63,8 +116,8 @@ install_chart() {
   "$HELM" install leasehold charts/leasehold -n "$SYSNS" --create-namespace \
     --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=Never \
     --set "clientRbac.namespaces={$NS}" "${HELM_EXTRA[@]}"
-  until_ok 180 bash -c "[ \"\$('$KUBECTL' get deploy -n $SYSNS leasehold -o jsonpath='{.status.availableReplicas}')\" = 2 ]" \
-    || fail "the controller replicas did not become available"
+  within 180 "the controller replicas did not become available" \
+    is 2 k get deploy -n "$SYSNS" leasehold -o jsonpath='{.status.availableReplicas}'
 }
 
 contention() {
@@ -85,21 +138,23 @@ spec:
   template:
 YAML
     pod_spec Never contention "$(line start); sleep 1; $(line end)"; } | k apply -n "$NS" -f -
-  k wait -n "$NS" --for=condition=complete job/contention --timeout=300s || fail "the contention Job did not complete"
+  k wait -n "$NS" --for=condition=complete job/contention --timeout=300s \
+    || fail "the contention Job did not complete: $(k get pods -n "$NS" -l job-name=contention -o wide 2>&1)"
   local log; log=$(mktemp)
   if [ "$LOG_MODE" = hostpath ]; then
     cp "$HOST_LOG_DIR/log" "$log"; : > "$HOST_LOG_DIR/log"
   else
-    for pod in $(k get pods -n "$NS" -l job-name=contention -o name); do k logs -n "$NS" "$pod" >> "$log"; done
+    for pod in $(k get pods -n "$NS" -l job-name=contention -o name); do
+      within 60 "the log of $pod" k logs -n "$NS" "$pod" >> "$log"
+    done
   fi
   sort -n -k4,4 "$log" | grep -E '^(start|end|term) ' > "$log.sorted"
   "$LEASEHOLD" check-log "$log.sorted" || fail "contention log:\n$(cat "$log.sorted")"
-  [ "$(grep -c '^start ' "$log.sorted")" = 6 ] || fail "expected 6 sections: $(cat "$log.sorted")"
+  [ "$(grep -c '^start ' "$log.sorted")" = 6 ] || fail "expected 6 sections, the log has: $(cat "$log.sorted")"
   k get dlock -n "$NS" contention
 }
 
 holder() { k get dlock -n "$NS" singleton -o jsonpath='{.status.holders[0].pod}'; }
-has_holder() { [ -n "$(holder)" ]; }
 # The holder's own token: status.fencingToken also counts a token reserved for the
 # designated successor, which its grant then keeps.
 token() { k get dlock -n "$NS" singleton -o jsonpath='{.status.holders[0].fencingToken}'; }
@@ -107,9 +162,8 @@ token() { k get dlock -n "$NS" singleton -o jsonpath='{.status.holders[0].fencin
 hand_off() {
   local old t; old=$(holder); t=$(token)
   k delete pod -n "$NS" "$old" --wait=false >/dev/null
-  until_ok 90 bash -c "h=\$('$KUBECTL' get dlock -n $NS singleton -o jsonpath='{.status.holders[0].pod}'); [ -n \"\$h\" ] && [ \"\$h\" != $old ]" \
-    || fail "no new holder after deleting $old"
-  [ "$(token)" -gt "$t" ] || fail "the token did not increase after $old"
+  within 90 "no new holder after deleting $old" other_than "$old" holder
+  [ "$(token)" -gt "$t" ] || fail "the token did not increase after $old: $t -> $(token)"
   echo "  $old -> $(holder), token $t -> $(token)"
 }
 
@@ -134,31 +188,30 @@ YAML
     # string), so its `date` runs when SIGTERM comes, not when the trap is set.
     pod_spec Always singleton "trap ''$(line term); exit 0'' TERM; $(line start); while true; do sleep 1; done"; } \
     | k apply -n "$NS" -f -
-  until_ok 120 has_holder || fail "nobody holds the singleton lock"
+  within 120 "nobody holds the singleton lock" other_than "" holder
   if [ "$LOG_MODE" = hostpath ]; then # mid-section: once the holder's CMD has started
-    until_ok 30 grep -q "^start .* $(holder) " "$HOST_LOG_DIR/log" || fail "the holder's CMD never started"
+    within 30 "the holder's CMD never started" has_started "$(holder)"
   fi
   hand_off
   # Released, not expired: the CMD stopped on SIGTERM and leasehold run released.
   # (This lock's events only: the contention lock's are in the same namespace.)
-  until_ok 30 bash -c "'$KUBECTL' get events -n $NS --field-selector reason=Released,involvedObject.kind=DistributedLock,involvedObject.name=singleton -o name | grep -q ." \
-    || fail "no Released event: the handoff did not come from a release"
+  within 30 "no Released event: the handoff did not come from a release" \
+    other_than "" k get events -n "$NS" --field-selector reason=Released,involvedObject.kind=DistributedLock,involvedObject.name=singleton -o name
   if [ "$LOG_MODE" = hostpath ]; then
     sort -n -k4,4 "$HOST_LOG_DIR/log" > "$HOST_LOG_DIR/sorted"
     "$LEASEHOLD" check-log --allow-open "$HOST_LOG_DIR/sorted" || fail "singleton log:\n$(cat "$HOST_LOG_DIR/sorted")"
-    grep -q '^term ' "$HOST_LOG_DIR/sorted" || fail "CMD never saw SIGTERM"
+    grep -q '^term ' "$HOST_LOG_DIR/sorted" || fail "CMD never saw SIGTERM; the log has: $(cat "$HOST_LOG_DIR/sorted")"
   fi
 }
 
 kill_leader() {
   step "killing the leading controller pod: the other replica takes over"
   local leader new
-  leader=$(k get lease -n "$SYSNS" leasehold-controller -o jsonpath='{.spec.holderIdentity}')
-  [ -n "$leader" ] || fail "no controller leader"
+  within 30 "no controller leader" other_than "" leader
+  leader=$(leader)
   k delete pod -n "$SYSNS" "$leader" --wait=false >/dev/null
-  until_ok 90 bash -c "l=\$('$KUBECTL' get lease -n $SYSNS leasehold-controller -o jsonpath='{.spec.holderIdentity}'); [ -n \"\$l\" ] && [ \"\$l\" != $leader ]" \
-    || fail "no new leader after deleting $leader"
-  new=$(k get lease -n "$SYSNS" leasehold-controller -o jsonpath='{.spec.holderIdentity}')
+  within 90 "no new leader after deleting $leader" other_than "$leader" leader
+  new=$(leader)
   echo "  leader $leader -> $new"
   hand_off
 }
