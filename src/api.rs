@@ -297,8 +297,13 @@ pub enum RefuseReason {
     PodUidMismatch,
     /// The pod has already finished.
     PodFinished,
-    /// As many claims wait as the lock queues (`spec.maxQueue`, default 1000).
+    /// As many claims wait as the lock queues (`spec.maxQueue`, default 1000), or the
+    /// waiters' entries fill the status's byte budget.
     QueueFull,
+    /// The claim states no positive `spec.leaseDurationSeconds`: its process wrote one,
+    /// so someone else removed it before the lock recorded the claim (the client then
+    /// withdraws the claim and claims anew).
+    LeaseMissing,
 }
 
 impl RefuseReason {
@@ -309,6 +314,7 @@ impl RefuseReason {
             Self::PodUidMismatch => "PodUidMismatch",
             Self::PodFinished => "PodFinished",
             Self::QueueFull => "QueueFull",
+            Self::LeaseMissing => "LeaseMissing",
         }
     }
 
@@ -319,6 +325,9 @@ impl RefuseReason {
             Self::PodUidMismatch => "the pod of that name has another UID than the claim gives (POD_UID)",
             Self::PodFinished => "the claim's pod has already finished",
             Self::QueueFull => "the lock's queue is full (spec.maxQueue claims wait): try again later",
+            Self::LeaseMissing => {
+                "the claim states no positive spec.leaseDurationSeconds (removed by someone who may patch Leases)"
+            }
         }
     }
 

@@ -33,12 +33,19 @@ pub(crate) enum Mutant {
     /// The controller deletes a claim it judged expired without reading it afresh and
     /// deleting under that read's resourceVersion.
     ExpiryWithoutFreshRead,
+    /// A claim stating no lease is queued (recorded without one), and its client accepts
+    /// a waiter's record without a lease (as from an older controller): the lock's lease
+    /// then judges a process that lives by a longer one.
+    QueuedWithoutLease,
+    /// A new claim stamped with a fencing token below the epoch is taken as an earlier
+    /// incarnation's holder: it skips the queue and holds a slot back for its lease.
+    StampTrusted,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
 impl Mutant {
     /// Every mutant, in the order they were added.
-    pub(crate) const ALL: [Mutant; 11] = [
+    pub(crate) const ALL: [Mutant; 13] = [
         Mutant::PodGoneAsStopped,
         Mutant::ForgedAsReleased,
         Mutant::DeletedClaimFreesAtOnce,
@@ -50,6 +57,8 @@ impl Mutant {
         Mutant::LeaseAsPatchedAtGrant,
         Mutant::WaiterActsOnWaitRenewal,
         Mutant::ExpiryWithoutFreshRead,
+        Mutant::QueuedWithoutLease,
+        Mutant::StampTrusted,
     ];
 
     /// Whether the decide core's world model (`decide::explore`) can show it; the
@@ -62,6 +71,8 @@ impl Mutant {
                 | Mutant::LeaseAsPatchedAtGrant
                 | Mutant::WaiterActsOnWaitRenewal
                 | Mutant::ExpiryWithoutFreshRead
+                | Mutant::QueuedWithoutLease
+                | Mutant::StampTrusted
         )
     }
 }

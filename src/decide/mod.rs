@@ -45,12 +45,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
 
 use crate::api::Refusal;
 use crate::api::{DistributedLockStatus, Holder, Revocation, RevokeReason, Successor, Waiter};
 use crate::protocol::timing::MAX_LEASE_SECONDS;
 pub use model::*;
+pub use queue::{ENTRY_OVERHEAD_BYTES, STATUS_BUDGET_BYTES, entry_bytes};
 
 use crate::mutant::{Mutant, on as mutant};
 
@@ -75,6 +75,7 @@ mod explore;
 mod model;
 #[cfg(test)]
 mod proptests;
+mod queue;
 #[cfg(test)]
 mod tests;
 
@@ -151,7 +152,10 @@ fn waiter_lease(world: &World<'_>, w: &Waiter) -> Option<i32> {
 /// The lease a holder's process may be living by, which its revoked slot is held back
 /// for: the longer of the lock's (`spec`) and the one recorded at its grant.
 pub fn holder_lease(spec: std::time::Duration, holder: &Holder) -> std::time::Duration {
-    let own = holder.lease_duration_seconds.unwrap_or(0).clamp(0, MAX_LEASE_SECONDS);
+    // None recorded (a status edited by hand: every grant records one): the longest
+    // there is, as for a successor's.
+    let own = holder.lease_duration_seconds.unwrap_or(MAX_LEASE_SECONDS);
+    let own = own.clamp(0, MAX_LEASE_SECONDS);
     if mutant(Mutant::HoldBackBySpecLease) {
         return spec;
     }
@@ -198,8 +202,12 @@ pub fn decide(world: &World<'_>) -> Decision {
     let max = usize::try_from(world.spec.max_holders.max(1)).unwrap_or(1);
     let occupied = holders.len() + usize::from(held_back.is_some());
     let free = if world.closing { 0 } else { max.saturating_sub(occupied) };
-    let room = (max_queue(world.spec) + free).saturating_sub(usize::from(successor.is_some()));
-    let (queue, stale) = decide_queue(world, &claims, (epoch, room), &mut known, &mut d);
+    let entries = (max_queue(world.spec) + free).saturating_sub(usize::from(successor.is_some()));
+    let taken = holders.iter().chain(&held_back).map(queue::holder_bytes);
+    let taken = taken.chain(successor.iter().map(queue::waiter_bytes)).sum::<usize>();
+    let bytes = STATUS_BUDGET_BYTES.saturating_sub(taken);
+    let room = queue::Room { entries, bytes };
+    let (queue, stale) = queue::decide_queue(world, &claims, (epoch, room), &mut known, &mut d);
     holders.extend(held_back);
     holders.extend(stale);
     let issued = world.status.holders.iter().chain(&holders).map(|h| h.fencing_token);
@@ -386,139 +394,6 @@ fn decide_successor<'w>(
         }),
     };
     (None, Some(holder))
-}
-
-/// Carry each waiter forward or drop it, then append new claims by arrival while fewer
-/// than `room` wait (the others are ignored, `QueueFull`). A new
-/// claim stamped with a fencing token was granted by an earlier incarnation of this
-/// lock (deleted and re-created): it comes back as a revoked holder whose slot is held
-/// back, not as a waiter.
-fn decide_queue<'w>(
-    world: &World<'w>,
-    claims: &BTreeMap<&str, &ClaimView>,
-    (epoch, room): (i64, usize),
-    known: &mut BTreeSet<&'w str>,
-    d: &mut Decision,
-) -> (Vec<Waiter>, Vec<Holder>) {
-    let mut queue = Vec::new();
-    let mut stale = Vec::new();
-    for w in &world.status.queue {
-        if !known.insert(w.claim.as_str()) {
-            continue;
-        }
-        let reason = match claims.get(w.claim.as_str()) {
-            None => Some(DropReason::ClaimGone),
-            Some(c) if c.released => Some(DropReason::Withdrawn),
-            Some(c) if c.forged => Some(DropReason::ForgedRelease),
-            Some(c) if c.expired => Some(DropReason::Expired),
-            Some(_) => drop_reason(liveness(world, &w.pod, &w.pod_uid)),
-        };
-        match reason {
-            None => queue.push(w.clone()),
-            Some(reason) => {
-                // Out of view is not gone: a claim whose lock label someone removed
-                // is still renewed by its process; deleting it by name tells it.
-                d.delete_claims.push(w.claim.clone());
-                d.actions
-                    .push(Action::new(&w.claim, &w.pod, ActionKind::Dropped(reason)));
-            }
-        }
-    }
-    let mut new: Vec<&ClaimView> = world
-        .claims
-        .iter()
-        .filter(|c| !known.contains(c.name.as_str()))
-        .collect();
-    new.sort_by(|a, b| (a.arrival, &a.name).cmp(&(b.arrival, &b.name)));
-    if mutant(Mutant::LifoQueue) {
-        new.reverse();
-    }
-    // Set once a new claim waits for its pod to be seen: younger claims keep their
-    // places behind it (they are neither queued nor refused yet).
-    let mut behind_unseen_pod = false;
-    for c in new {
-        if !known.insert(c.name.as_str()) {
-            continue; // two claims of one name: only the first counts
-        }
-        if c.released || c.forged || c.expired {
-            d.delete_claims.push(c.name.clone());
-            continue;
-        }
-        let ignore = match liveness(world, &c.pod, &c.pod_uid) {
-            Liveness::Alive => None,
-            Liveness::Stopped(RevokeReason::PodFinished) => Some(IgnoreReason::PodFinished),
-            Liveness::Stopped(RevokeReason::PodReplaced) | Liveness::Unknown(RevokeReason::PodReplaced) => {
-                Some(IgnoreReason::PodUidMismatch)
-            }
-            Liveness::Stopped(_) | Liveness::Unknown(_) => Some(IgnoreReason::PodNotFound),
-        };
-        // Stamped below this incarnation's epoch: granted by an earlier one. (A claim of
-        // this incarnation awaiting its deletion carries a token at or above the epoch.)
-        if let Some(token) = c.stamped_token.filter(|t| *t < epoch) {
-            let live = liveness(world, &c.pod, &c.pod_uid);
-            if matches!(live, Liveness::Stopped(_)) {
-                d.delete_claims.push(c.name.clone());
-                continue;
-            }
-            let reason = RevokeReason::ForceReleased;
-            stale.push(Holder {
-                claim: c.name.clone(),
-                pod: c.pod.clone(),
-                pod_uid: c.pod_uid.clone(),
-                fencing_token: token,
-                granted_at: Time(world.now),
-                lease_duration_seconds: Some(c.lease_seconds).filter(|l| *l > 0),
-                release_hash: c.release_hash.clone(),
-                revoked: Some(Revocation {
-                    reason,
-                    at: Time(world.now),
-                }),
-            });
-            d.actions
-                .push(Action::new(&c.name, &c.pod, ActionKind::Revoked(token, reason)));
-            continue;
-        }
-        if behind_unseen_pod {
-            continue;
-        }
-        if let Some(ends) = awaits_its_pod(world, c) {
-            behind_unseen_pod = true;
-            d.recheck_at = Some(d.recheck_at.map_or(ends, |at| at.min(ends)));
-            continue;
-        }
-        if let Some(reason) = ignore.or((queue.len() >= room).then_some(IgnoreReason::QueueFull)) {
-            d.ignored.push((c.name.clone(), reason));
-            continue;
-        }
-        queue.push(Waiter {
-            claim: c.name.clone(),
-            pod: c.pod.clone(),
-            pod_uid: c.pod_uid.clone(),
-            requested_at: Time(world.now),
-            release_hash: c.release_hash.clone(),
-            lease_duration_seconds: Some(c.lease_seconds).filter(|l| *l > 0),
-            wait_hash: c.wait_hash.clone(),
-        });
-        d.actions
-            .push(Action::new(&c.name, &c.pod, ActionKind::Enqueued(queue.len())));
-    }
-    (queue, stale)
-}
-
-/// When the grace of new claim `c` ends, if it names a pod not seen at all (not in
-/// the pods, not known stopped) and is younger than
-/// [`crate::protocol::timing::POD_CACHE_GRACE`]: the pod may just not be in the cache
-/// yet, so the claim keeps its place rather than be refused.
-fn awaits_its_pod(world: &World<'_>, c: &ClaimView) -> Option<Timestamp> {
-    if !matches!(
-        liveness(world, &c.pod, &c.pod_uid),
-        Liveness::Unknown(RevokeReason::PodGone)
-    ) {
-        return None;
-    }
-    let grace = crate::protocol::timing::POD_CACHE_GRACE.as_secs() as i64;
-    let ends = Timestamp::from_second(c.arrival.created_secs.saturating_add(grace)).ok()?;
-    (world.now < ends).then_some(ends)
 }
 
 /// Grant queue heads while slots are free (the successor, at the head, with the token

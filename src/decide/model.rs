@@ -42,9 +42,9 @@ pub struct ClaimView {
     pub release_hash: Option<String>,
     /// The hash of the claim owner's wait proof, to record when it is queued.
     pub wait_hash: Option<String>,
-    /// The fencing token an earlier build of the controller stamped on the claim (when
-    /// the lock it held was deleted, or at its grant): a claim not in status with a stamp
-    /// below the epoch was granted by an earlier incarnation.
+    /// The fencing token stamped on the claim ([`crate::protocol::FENCING_TOKEN_ANNOTATION`]):
+    /// not trusted, since anyone who may patch Leases can write it; read only by a
+    /// mutation test's switch that puts the old trust back.
     pub stamped_token: Option<i64>,
     /// The caller judged the claim expired: not renewed for long enough.
     pub expired: bool,

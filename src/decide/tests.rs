@@ -318,6 +318,42 @@ fn a_claim_whose_pod_is_not_seen_yet_keeps_its_place_for_the_grace() {
     assert_eq!(d.queue(), ["c"]);
 }
 
+/// Issue #41: the grace covered a pod not seen at all, not a pod re-created under its
+/// name (the cache still holds the old UID), nor a queued waiter whose pod a new
+/// leader's cache does not hold yet: both lost their places at once.
+#[test]
+fn a_queued_waiter_whose_pod_is_not_seen_yet_keeps_its_place_for_the_grace() {
+    let grace = crate::protocol::timing::POD_CACHE_GRACE.as_secs() as i64;
+    // A new leader's pod cache lags behind b, whom the old leader queued.
+    let f = lock()
+        .held_by("a")
+        .queued("b")
+        .queued("c")
+        .just_made("b")
+        .pod_force_deleted("b");
+    let d = f.clone().decide();
+    assert_eq!(d.queue(), ["b", "c"], "b keeps its place: {:?}", d.actions);
+    assert_eq!(d.recheck_at, Some(Timestamp::from_second(grace).unwrap()));
+    let d = f.later(grace).decide();
+    assert_eq!(d.queue(), ["c"], "never seen: dropped once the grace ends");
+    // b's pod re-created under its name; the cache still holds the old one's UID.
+    let f = lock()
+        .held_by("a")
+        .claims("b")
+        .claims("c")
+        .just_made("b")
+        .just_made("c")
+        .pod_force_replaced("b");
+    let i = f.claims.iter().position(|c| c.name == "b").unwrap();
+    let mut f = f;
+    f.claims[i].pod_uid = "uid-b-newest".into(); // the claim names the new pod
+    let d = f.clone().decide();
+    assert!(d.queue().is_empty() && d.ignored.is_empty(), "{:?}", d);
+    let d = f.later(grace).decide();
+    assert_eq!(d.queue(), ["c"]);
+    assert_eq!(d.ignored, [("b".to_string(), IgnoreReason::PodUidMismatch)]);
+}
+
 #[test]
 fn release_hands_over_to_the_head_of_the_queue_and_deletes_the_claim() {
     let d = lock().held_by("a").queued("b").queued("c").released("a").decide();
@@ -432,36 +468,40 @@ fn a_lock_that_issued_tokens_before_epochs_keeps_counting() {
     assert_eq!(d.status.fencing_token_epoch, Some(0));
 }
 
+/// Issue #41: a claim created with a fencing-token stamp (anyone who may patch Leases
+/// can write one) was taken as an earlier incarnation's holder: it skipped the queue
+/// and held a slot back for its lease, an hour. It is a new claim like any other.
 #[test]
-fn a_claim_granted_by_an_earlier_incarnation_holds_its_slot_back_until_released() {
-    // The lock was deleted and re-created: its status is new, the old holder's claim
-    // (stamped with its token) is still there, and so is a waiter's.
-    let mut f = lock().claims("old").claims("w");
-    f.token_floor = 1_000;
-    f.claims[0].stamped_token = Some(7);
-    let (f, d) = f.then();
-    assert_eq!(d.revoked(), [("old", RevokeReason::ForceReleased)]);
-    assert_eq!(d.holders(), ["old"], "the old holder's process may run on: held back");
-    assert_eq!(d.queue(), ["w"]);
-    assert!(f.clone().decide().actions.is_empty(), "deciding again changes nothing");
-    // Its process stops and releases: the slot passes on at once.
-    let d = f.released("old").decide();
-    assert_eq!(d.holders(), ["w"]);
-    assert!(d.granted()[0].1 > 1_000);
+fn a_stamped_claim_is_no_holder_and_waits_its_turn() {
+    let mut f = lock().held_by("h").claims("w").claims("stamped");
+    f.status.fencing_token_epoch = Some(100); // the stamp is below it
+    let i = f.claims.iter().position(|c| c.name == "stamped").unwrap();
+    f.claims[i].stamped_token = Some(7);
+    f.claims[i].arrival.seen_seq = u64::MAX; // after w
+    let d = f.clone().decide();
+    assert!(d.revoked().is_empty(), "{:?}", d.actions);
+    assert_eq!(d.holders(), ["h"]);
+    assert_eq!(d.queue(), ["w", "stamped"], "in arrival order, behind w");
+    let _old = crate::mutant::mutate(crate::mutant::Mutant::StampTrusted);
+    let d = f.decide();
+    assert_eq!(d.holders(), ["h", "stamped"], "the old trust held a slot for it");
 }
 
+/// Issue #41: a new claim that states no lease is refused (its process wrote one), not
+/// recorded without one; one already recorded keeps its record.
 #[test]
-fn a_claim_of_this_incarnation_awaiting_deletion_is_no_stale_holder() {
-    // a's pod went (force-deleted): revoked and held back; its claim lingers, stamped
-    // with a token of this incarnation, until the deletion lands.
-    let mut f = lock();
-    f.token_floor = 1_000;
-    let (mut f, _) = f.claims("a").then();
-    f.claims[0].stamped_token = Some(1_001);
-    let (mut f, _) = f.queued("b").pod_force_deleted("a").then();
-    f.status.holders.clear(); // as after the slot was freed
+fn a_new_claim_stating_no_lease_is_refused_for_it() {
+    let mut f = lock().held_by("h").claims("w");
+    f.claims[1].lease_seconds = 0;
+    let d = f.clone().decide();
+    assert_eq!(d.ignored, [("w".to_string(), IgnoreReason::LeaseMissing)]);
+    assert!(d.queue().is_empty());
+    let _old = crate::mutant::mutate(crate::mutant::Mutant::QueuedWithoutLease);
     let d = f.decide();
-    assert!(d.revoked().is_empty(), "{:?}", d.actions);
+    assert_eq!(
+        d.status.queue[0].lease_duration_seconds, None,
+        "recorded without a lease"
+    );
 }
 
 #[test]
@@ -794,4 +834,43 @@ fn a_closing_lock_runs_out_a_held_back_slot_as_ever() {
     let d = f.hold_back_elapsed("a").decide();
     assert!(d.holders().is_empty(), "the hold-back ran out: nothing held back");
     assert!(d.granted().is_empty());
+}
+
+/// Issue #41: `maxQueue` counts entries, not bytes. Whatever the claims say (the
+/// longest names Kubernetes allows, pod UIDs of any length and characters JSON must
+/// escape, hashes), and however many wait or hold, the status stays within its budget:
+/// a claim whose entry would pass it is refused `QueueFull`.
+#[test]
+fn no_claim_content_pushes_a_status_past_its_budget() {
+    let long = |i: usize, c: char| format!("{i:04}{}", c.to_string().repeat(249));
+    for (holders, queue, uid_len) in [(1, 4000, 36), (1000, 4000, 128), (1, 4000, 4000)] {
+        let mut f = lock().max_holders(holders);
+        f.spec.max_queue = Some(queue);
+        for i in 0..5000 {
+            let name = long(i, 'c');
+            f = f.claims(&name);
+            let pod = long(i, 'p');
+            let uid = format!("\"\\\u{1}{}", "u".repeat(uid_len));
+            let c = f.claims.last_mut().unwrap();
+            (c.pod, c.pod_uid) = (pod.clone(), uid.clone());
+            c.release_hash = Some("a".repeat(64));
+            c.wait_hash = Some("b".repeat(64));
+            f.pods.remove(&name);
+            f.pods.insert(pod, PodView { uid, finished: false });
+        }
+        let (f, d) = f.then();
+        let (_, again) = f.then();
+        for status in [&d.status, &again.status] {
+            let mut entries = status.clone();
+            entries.refused.clear();
+            entries.conditions.clear();
+            let bytes = serde_json::to_string(&entries).unwrap().len();
+            assert!(
+                bytes <= STATUS_BUDGET_BYTES,
+                "{holders} holders, maxQueue {queue}, UIDs of {uid_len}: {bytes} bytes"
+            );
+        }
+        let full = d.ignored.iter().filter(|(_, r)| *r == IgnoreReason::QueueFull).count();
+        assert!(full > 0, "the budget refused some: {} queued", d.status.queue.len());
+    }
 }

@@ -137,6 +137,8 @@ pub enum BadClaim {
     NoPodUid,
     /// No ownerReference to its Pod with that name and UID.
     NoPodOwner,
+    /// A release or wait hash that is not a hash ([`super::release::is_hash`]).
+    MalformedHash,
 }
 
 impl BadClaim {
@@ -146,6 +148,9 @@ impl BadClaim {
             Self::NoHolder => "claim has no spec.holderIdentity naming its pod",
             Self::NoPodUid => "claim has no leasehold.dev/pod-uid annotation",
             Self::NoPodOwner => "claim has no ownerReference to its Pod (kind Pod, matching name and uid)",
+            Self::MalformedHash => {
+                "claim's leasehold.dev/release-hash or leasehold.dev/wait-hash is not 64 lower-case hex digits"
+            }
         }
     }
 }
@@ -171,7 +176,102 @@ pub fn validate_claim(lease: &Lease) -> Result<(String, String), BadClaim> {
     if !owned {
         return Err(BadClaim::NoPodOwner);
     }
+    let hashes = [RELEASE_HASH_ANNOTATION, WAIT_HASH_ANNOTATION].map(|k| lease.annotations().get(k));
+    if hashes.into_iter().flatten().any(|h| !super::release::is_hash(h)) {
+        return Err(BadClaim::MalformedHash);
+    }
     Ok((pod, uid))
+}
+
+// === what the controller keeps ===
+
+/// Each annotation the controller reads, with the most bytes a valid value has: a
+/// value longer than that is kept cut to one byte more (still invalid, or unequal to
+/// anything valid), so a claim costs the controller's cache a bounded size whatever a
+/// neighbour writes on it.
+pub const READ_ANNOTATIONS: [(&str, usize); 7] = [
+    (POD_UID_ANNOTATION, 128),
+    (RELEASE_HASH_ANNOTATION, super::release::HASH_LEN),
+    (WAIT_HASH_ANNOTATION, super::release::HASH_LEN),
+    (RELEASED_ANNOTATION, super::release::HASH_LEN),
+    (REQUESTED_AT_ANNOTATION, 64),
+    (WAIT_LEASE_ANNOTATION, 16),
+    (FENCING_TOKEN_ANNOTATION, 24),
+];
+/// The most bytes of a name the controller keeps (a Kubernetes name has at most 253).
+pub const MAX_NAME_BYTES: usize = 253;
+/// The most ownerReferences to Pods the controller keeps of a claim (its own has one).
+pub const MAX_POD_OWNERS: usize = 4;
+
+/// `text` cut to at most `bound + 1` bytes (on a character boundary).
+fn bounded(text: &mut String, bound: usize) {
+    if text.len() > bound + 1 {
+        let mut end = bound + 1;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+}
+
+/// Keep of a claim Lease only what the controller reads, each value within its bound
+/// ([`READ_ANNOTATIONS`], [`MAX_NAME_BYTES`], [`MAX_POD_OWNERS`]): its identity and
+/// times, the two labels, the annotations above, its Pod owners, and its holder,
+/// lease and renewal time. The claim cache holds every labelled Lease of the cluster.
+pub fn keep_what_is_read(lease: &mut Lease) {
+    let m = std::mem::take(&mut lease.metadata);
+    let labels = m.labels.map(|mut l| {
+        l.retain(|k, _| k == LOCK_LABEL || k == RELEASED_LABEL);
+        l
+    });
+    let annotations = m.annotations.map(|mut a| {
+        a.retain(|k, _| READ_ANNOTATIONS.iter().any(|(key, _)| key == k));
+        for (key, bound) in READ_ANNOTATIONS {
+            if let Some(v) = a.get_mut(key) {
+                bounded(v, bound);
+            }
+        }
+        a
+    });
+    let owners = m.owner_references.map(|refs| {
+        let pods = refs.into_iter().filter(|o| o.kind == "Pod").take(MAX_POD_OWNERS);
+        pods.map(|mut o| {
+            bounded(&mut o.name, MAX_NAME_BYTES);
+            bounded(&mut o.uid, 128);
+            OwnerReference {
+                api_version: o.api_version,
+                kind: o.kind,
+                name: o.name,
+                uid: o.uid,
+                ..Default::default()
+            }
+        })
+        .collect()
+    });
+    lease.metadata = ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        uid: m.uid,
+        resource_version: m.resource_version,
+        creation_timestamp: m.creation_timestamp,
+        deletion_timestamp: m.deletion_timestamp,
+        labels,
+        annotations,
+        owner_references: owners,
+        ..Default::default()
+    };
+    if let Some(spec) = lease.spec.take() {
+        let mut holder = spec.holder_identity;
+        if let Some(h) = holder.as_mut() {
+            bounded(h, MAX_NAME_BYTES);
+        }
+        lease.spec = Some(LeaseSpec {
+            holder_identity: holder,
+            lease_duration_seconds: spec.lease_duration_seconds,
+            renew_time: spec.renew_time,
+            ..Default::default()
+        });
+    }
 }
 
 /// The hash of the owner's wait proof a claim carries, if any.
@@ -217,18 +317,17 @@ pub fn claim_lease_seconds(lease: &Lease) -> i32 {
     secs.clamp(0, MAX_LEASE_SECONDS)
 }
 
-/// What is wrong with the lease a claim states, if anything (it is then used as
-/// [`claim_lease_seconds`] says: the lock's when absent or not positive, capped when huge).
+/// What is odd about the lease a claim states, if anything: a lease over the API's
+/// maximum is capped ([`claim_lease_seconds`]). (One absent or not positive is no lease:
+/// a claim not yet queued stating none is refused, `LeaseMissing`; a queued claim is
+/// judged by the lease recorded for it, and a change after the record is reported as
+/// tampering.)
 pub fn lease_problem(lease: &Lease) -> Option<String> {
     match lease.spec.as_ref().and_then(|s| s.lease_duration_seconds) {
-        None => Some("claim has no spec.leaseDurationSeconds; the lock's lease applies".into()),
-        Some(s) if s <= 0 => Some(format!(
-            "claim's spec.leaseDurationSeconds is {s}; the lock's lease applies"
-        )),
         Some(s) if s > MAX_LEASE_SECONDS => Some(format!(
             "claim's spec.leaseDurationSeconds {s} is capped at {MAX_LEASE_SECONDS}"
         )),
-        Some(_) => None,
+        _ => None,
     }
 }
 
@@ -357,6 +456,62 @@ mod tests {
         );
         set(&mut lease, "yesterday");
         assert_eq!(requested_micros(&lease), 0, "garbled: no order of its own");
+    }
+
+    #[test]
+    fn the_cache_keeps_what_is_read_within_bounds_and_judges_it_alike() {
+        let secret = Secret::generate();
+        let mut lease = claim_lease_with("l-1", "l", &pod(), 15, Some(&secret));
+        let made = lease.clone();
+        keep_what_is_read(&mut lease);
+        assert_eq!(lease, made, "a client's claim keeps everything");
+        let huge = "x".repeat(250_000);
+        let a = lease.annotations_mut();
+        a.insert(RELEASE_HASH_ANNOTATION.into(), huge.clone());
+        a.insert(RELEASED_ANNOTATION.into(), format!("{}{huge}", secret.reveal()));
+        a.insert("padding".into(), huge.clone());
+        lease.labels_mut().insert("padding".into(), "y".into());
+        lease.spec.as_mut().unwrap().holder_identity = Some(huge.clone());
+        lease.metadata.owner_references = Some(vec![
+            OwnerReference {
+                kind: "Pod".into(),
+                name: huge.clone(),
+                uid: huge,
+                ..Default::default()
+            };
+            100
+        ]);
+        keep_what_is_read(&mut lease);
+        let bytes = serde_json::to_string(&lease).unwrap().len();
+        assert!(bytes < 4096, "{bytes} bytes kept");
+        assert_eq!(
+            validate_claim(&lease),
+            Err(BadClaim::NoPodOwner),
+            "the cut holder names no owner"
+        );
+        let mark = super::super::release::judge(&lease, Some(&secret.hash()));
+        assert_eq!(
+            mark,
+            super::super::release::Mark::Forged,
+            "a padded mark stays no valid one"
+        );
+        assert!(!lease.annotations().contains_key("padding"));
+        assert_eq!(lease.labels().len(), 1);
+    }
+
+    #[test]
+    fn a_hash_has_one_format() {
+        let secret = Secret::generate();
+        let mut lease = claim_lease_with("l-1", "l", &pod(), 15, Some(&secret));
+        for bad in ["", "true", &"F".repeat(64), &"f".repeat(63), &"f".repeat(65)] {
+            for key in [RELEASE_HASH_ANNOTATION, WAIT_HASH_ANNOTATION] {
+                let mut l = lease.clone();
+                l.annotations_mut().insert(key.into(), bad.to_string());
+                assert_eq!(validate_claim(&l), Err(BadClaim::MalformedHash), "{key}: {bad:?}");
+            }
+        }
+        lease.annotations_mut().remove(WAIT_HASH_ANNOTATION);
+        assert!(validate_claim(&lease).is_ok(), "absent is no malformed hash");
     }
 
     #[test]

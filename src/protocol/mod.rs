@@ -105,9 +105,10 @@ pub const REQUESTED_AT_ANNOTATION: &str = "leasehold.dev/requested-at";
 /// lives by *while it waits* ([`timing::wait_lease`]; it renews every third of it). Once
 /// granted it lives by `spec.leaseDurationSeconds`. Absent: the claim's own lease.
 pub const WAIT_LEASE_ANNOTATION: &str = "leasehold.dev/wait-lease-seconds";
-/// Annotation earlier builds of the controller stamped on a holder's claim when the
-/// lock was deleted (the grant's fencing token). A lock re-created under the same name
-/// still holds such a claim's slot back until its process has stopped.
+/// Annotation earlier (unreleased) builds of the controller stamped on a holder's claim
+/// when the lock was deleted. No controller writes it now and none trusts it: anyone
+/// who may patch Leases could write it (a stamped claim once held a lock for an hour,
+/// skipping the queue). The admission webhook refuses it on claims.
 pub const FENCING_TOKEN_ANNOTATION: &str = "leasehold.dev/fencing-token";
 
 /// The fencing token with which `status` grants `claim`: `Some` only while the claim

@@ -13,6 +13,8 @@
 //! status records exactly what it wrote ([`check`]); anything else and it withdraws the
 //! claim and claims anew, never acting under the tampered record.
 
+use std::collections::HashMap;
+
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
@@ -31,6 +33,35 @@ pub struct Written<'a> {
     pub wait_hash: Option<&'a str>,
     /// The lease it lives by, in seconds.
     pub lease_seconds: i32,
+}
+
+/// What a claim's owner wrote on its claim at creation, owned (for a task that checks
+/// every status it sees, after its grant too).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claimed {
+    /// Its pod's name.
+    pub pod: String,
+    /// Its pod's UID.
+    pub pod_uid: String,
+    /// The hash of its release secret.
+    pub release_hash: Option<String>,
+    /// The hash of its wait proof.
+    pub wait_hash: Option<String>,
+    /// The lease it lives by, in seconds.
+    pub lease_seconds: i32,
+}
+
+impl Claimed {
+    /// As [`Written`], to check.
+    pub fn written(&self) -> Written<'_> {
+        Written {
+            pod: &self.pod,
+            pod_uid: &self.pod_uid,
+            release_hash: self.release_hash.as_deref(),
+            wait_hash: self.wait_hash.as_deref(),
+            lease_seconds: self.lease_seconds,
+        }
+    }
 }
 
 /// A field the status records otherwise than the owner wrote it.
@@ -101,18 +132,40 @@ pub struct Recorded<'a> {
 /// entry; `None` when it records nothing for it.
 pub fn recorded<'s>(status: &'s DistributedLockStatus, claim: &str) -> Option<Recorded<'s>> {
     if let Some(h) = status.holders.iter().find(|h| h.claim == claim) {
-        return Some(Recorded {
-            pod: &h.pod,
-            pod_uid: &h.pod_uid,
-            release_hash: h.release_hash.as_deref(),
-            wait_hash: None,
-            lease_seconds: h.lease_duration_seconds,
-            granted: true,
-        });
+        return Some(of_holder(h));
     }
     let w = status.queue.iter().find(|w| w.claim == claim)?;
-    let designated = status.successor.as_ref().filter(|s| s.claim == claim);
-    Some(Recorded {
+    Some(of_waiter(status, w))
+}
+
+/// What `status` records for every claim it names, by claim, as [`recorded`] says of
+/// each: built once for a lock with many claims (a flood of them must cost each pass
+/// no more than a look-up apiece).
+pub fn records(status: &DistributedLockStatus) -> HashMap<&str, Recorded<'_>> {
+    let mut all: HashMap<&str, Recorded<'_>> = HashMap::with_capacity(status.queue.len() + status.holders.len());
+    for w in status.queue.iter().rev() {
+        all.insert(&w.claim, of_waiter(status, w)); // the first entry of a name stands
+    }
+    for h in status.holders.iter().rev() {
+        all.insert(&h.claim, of_holder(h)); // a holder entry before a queue entry
+    }
+    all
+}
+
+fn of_holder(h: &crate::api::Holder) -> Recorded<'_> {
+    Recorded {
+        pod: &h.pod,
+        pod_uid: &h.pod_uid,
+        release_hash: h.release_hash.as_deref(),
+        wait_hash: None,
+        lease_seconds: h.lease_duration_seconds,
+        granted: true,
+    }
+}
+
+fn of_waiter<'s>(status: &'s DistributedLockStatus, w: &'s crate::api::Waiter) -> Recorded<'s> {
+    let designated = status.successor.as_ref().filter(|s| s.claim == w.claim);
+    Recorded {
         pod: &w.pod,
         pod_uid: &w.pod_uid,
         release_hash: w.release_hash.as_deref(),
@@ -121,7 +174,7 @@ pub fn recorded<'s>(status: &'s DistributedLockStatus, claim: &str) -> Option<Re
             .lease_duration_seconds
             .max(designated.and_then(|s| s.lease_duration_seconds)),
         granted: false,
-    })
+    }
 }
 
 impl Recorded<'_> {
@@ -137,16 +190,19 @@ impl Recorded<'_> {
         if self.release_hash != wrote.release_hash {
             return Some(Tampered::ReleaseHash);
         }
-        // A wait hash recorded is the owner's; none recorded may be an older controller's
-        // record (it only costs the fast path: anyone may then wait for the grant).
-        if self.wait_hash.is_some() && self.wait_hash != wrote.wait_hash {
+        // A waiter's record carries the wait hash its claim stated (a holder's carries
+        // none): one stripped before the record would let anyone hold the successor's
+        // waits for its direct grant.
+        if !self.granted && self.wait_hash != wrote.wait_hash {
             return Some(Tampered::WaitHash);
         }
-        // A waiter's record from an older controller has no lease (its designation and
-        // grant then record the claim's).
+        // Every record carries a lease, at least the owner's: the controller judges the
+        // claim by it, and one recorded without would be judged by the lock's (maybe
+        // shorter) lease while its process acts by its own, a direct grant included.
+        let accepts_none = !self.granted && crate::mutant::on(crate::mutant::Mutant::QueuedWithoutLease);
         match self.lease_seconds {
             Some(l) if l >= wrote.lease_seconds => None,
-            None if !self.granted => None,
+            None if accepts_none => None,
             _ => Some(Tampered::Lease),
         }
     }
@@ -155,7 +211,8 @@ impl Recorded<'_> {
 /// The first field of the claim `stored` (as the API server has it now) that differs
 /// from what its owner `wrote` for `lock`: a claim the controller has not placed yet
 /// may be unplaced because someone changed it (the controller then refuses it for its
-/// pod, or ignores it as invalid, and its owner would wait or give up for nothing).
+/// pod or its missing lease, or ignores it as invalid, and its owner would wait or give
+/// up for nothing).
 pub fn claim_differs(stored: &Lease, wrote: &Written<'_>, lock: &str) -> Option<Tampered> {
     let annotation = |key: &str| stored.annotations().get(key).map(String::as_str);
     let pod = stored.spec.as_ref().and_then(|s| s.holder_identity.as_deref());
@@ -175,6 +232,8 @@ pub fn claim_differs(stored: &Lease, wrote: &Written<'_>, lock: &str) -> Option<
         Some(Tampered::Owner)
     } else if crate::protocol::claim::claim_wait_hash(stored) != wrote.wait_hash {
         Some(Tampered::WaitHash)
+    } else if stored.spec.as_ref().and_then(|s| s.lease_duration_seconds) < Some(wrote.lease_seconds) {
+        Some(Tampered::Lease)
     } else {
         None
     }
@@ -216,7 +275,7 @@ mod tests {
         assert_eq!(claim_differs(&made, &wrote, "l"), None);
         assert_eq!(claim_differs(&made, &wrote, "m"), Some(Tampered::Lock));
         type Edit = fn(&mut Lease);
-        let edits: [(Edit, Tampered); 6] = [
+        let edits: [(Edit, Tampered); 8] = [
             (
                 |l| drop(l.labels_mut().remove(crate::protocol::LOCK_LABEL)),
                 Tampered::Lock,
@@ -243,6 +302,14 @@ mod tests {
                 |l| drop(l.annotations_mut().remove(crate::protocol::WAIT_HASH_ANNOTATION)),
                 Tampered::WaitHash,
             ),
+            (
+                |l| l.spec.as_mut().unwrap().lease_duration_seconds = None,
+                Tampered::Lease,
+            ),
+            (
+                |l| l.spec.as_mut().unwrap().lease_duration_seconds = Some(1),
+                Tampered::Lease,
+            ),
         ];
         for (edit, field) in edits {
             let mut changed = made.clone();
@@ -259,8 +326,10 @@ mod tests {
         lease_seconds: 60,
     };
 
+    /// Issue #41: a stripped wait hash recorded as none let anyone hold the successor's
+    /// waits for its direct grant; a claim that states one must be recorded with it.
     #[test]
-    fn a_wait_hash_recorded_must_be_the_owners_and_none_recorded_is_an_older_controllers() {
+    fn a_waiters_record_carries_exactly_the_wait_hash_its_owner_wrote() {
         let with = |hash: Option<&str>| {
             let mut status = waiting(Some(60));
             status.queue[0].wait_hash = hash.map(String::from);
@@ -272,11 +341,14 @@ mod tests {
             Err(Tampered::WaitHash),
             "another's proof would open it"
         );
-        assert_eq!(
-            with(None),
-            Ok(()),
-            "an older controller records none: only the fast path is at stake"
-        );
+        assert_eq!(with(None), Err(Tampered::WaitHash), "stripped before the record");
+        let none = Written {
+            wait_hash: None,
+            ..WROTE
+        };
+        let mut status = waiting(Some(60));
+        status.queue[0].wait_hash = None;
+        assert_eq!(check(&status, "c", &none), Ok(()), "an owner that wrote none");
     }
 
     fn waiting(lease: Option<i32>) -> DistributedLockStatus {
@@ -288,7 +360,7 @@ mod tests {
                 requested_at: Time(Timestamp::UNIX_EPOCH),
                 release_hash: Some("h".into()),
                 lease_duration_seconds: lease,
-                wait_hash: None,
+                wait_hash: Some("w".into()),
             }],
             ..Default::default()
         }
@@ -321,11 +393,6 @@ mod tests {
         );
         assert_eq!(check(&waiting(Some(60)), "c", &WROTE), Ok(()));
         assert_eq!(
-            check(&waiting(None), "c", &WROTE),
-            Ok(()),
-            "an older controller's waiter"
-        );
-        assert_eq!(
             check(&DistributedLockStatus::default(), "c", &WROTE),
             Ok(()),
             "not recorded yet"
@@ -347,6 +414,10 @@ mod tests {
             assert_eq!(check(&granted(edit), "c", &WROTE), Err(field));
         }
         assert_eq!(check(&waiting(Some(1)), "c", &WROTE), Err(Tampered::Lease));
+        // Issue #41: a waiter recorded without a lease (its claim's removed before the
+        // lock recorded it) was accepted as an older controller's record, then granted
+        // directly and judged by the lock's 1 s lease while it acted on its own.
+        assert_eq!(check(&waiting(None), "c", &WROTE), Err(Tampered::Lease));
     }
 
     #[test]

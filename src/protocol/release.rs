@@ -54,6 +54,16 @@ impl Secret {
     }
 }
 
+/// How long a hash is: SHA-256, hex-encoded.
+pub const HASH_LEN: usize = 64;
+
+/// Whether `text` has a hash's one format ([`HASH_LEN`] lower-case hex digits): the
+/// only form a release or wait hash may take on a claim (checked by the controller,
+/// the admission webhook and the admission policy's CEL alike).
+pub fn is_hash(text: &str) -> bool {
+    text.len() == HASH_LEN && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// The SHA-256 hash of a release mark, hex-encoded.
 pub fn hash_of(mark: &str) -> String {
     hex(ring::digest::digest(&ring::digest::SHA256, mark.as_bytes()).as_ref())

@@ -339,6 +339,37 @@ async fn a_claim_made_before_the_controller_saw_its_pod_keeps_its_arrival_place(
     assert!(refused.is_empty(), "b was refused for a pod not yet seen: {refused:?}");
 }
 
+/// Issue #41: the grace kept a claim's place only for a pod not seen at all. A pod
+/// deleted and re-created under its name (a StatefulSet's, say) claims at once, while
+/// the controller's lagging cache still holds the old pod's UID: its claim was refused
+/// (`PodUidMismatch`) and a younger claim queued ahead of it.
+#[tokio::test]
+async fn a_claim_of_a_pod_re_created_under_its_name_keeps_its_arrival_place() {
+    let ns = TestNs::new("podnew").await;
+    let (proxy, pod_watches) = proxied_client("podnew").await;
+    let client = split_client_where(ns.client.clone(), pod_watches, |path| path.ends_with("/pods"));
+    let _c = spawn_controller_with(client, leasehold::controller::Options::single("podnew", Some(&ns.name)));
+    ns.lock("l", spec(120, 1)).await;
+    ns.lock("other", spec(120, 1)).await;
+    let (a, c) = (ns.pod("a").await, ns.pod("c").await);
+    ns.pod("b").await;
+    claim(&ns, "l", &a, 120).await;
+    ns.wait_lock("l", "a holds", |l| holders(l) == ["a"]).await;
+    proxy.freeze_open();
+    ns.delete_pod("b").await;
+    let b = ns.pod("b").await; // the same name, a new UID
+    claim(&ns, "l", &b, 120).await;
+    claim(&ns, "l", &c, 120).await;
+    claim(&ns, "other", &c, 120).await;
+    ns.wait_lock("other", "the later claim granted", |l| holders(l) == ["c"])
+        .await;
+    proxy.thaw();
+    let l = ns.wait_lock("l", "both claims queued", |l| queue(l).len() == 2).await;
+    assert_eq!(queue(&l), ["b", "c"], "b claimed first");
+    let refused = l.status.unwrap().refused;
+    assert!(refused.is_empty(), "b was refused for its old pod's UID: {refused:?}");
+}
+
 #[tokio::test]
 async fn semaphore_with_max_holders_three() {
     let ns = TestNs::new("sema").await;

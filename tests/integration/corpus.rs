@@ -104,7 +104,13 @@ async fn malformed_claims_get_warnings_and_block_no_one() {
             bent("no-lease", &b, |l| {
                 l.spec.as_mut().unwrap().lease_duration_seconds = None
             }),
-            "ClaimLease",
+            "ClaimIgnored", // LeaseMissing: its process wrote one (issue #41)
+        ),
+        (
+            bent("malformed-hash", &b, |l| {
+                annotate(l, "leasehold.dev/release-hash", "not-a-hash")
+            }),
+            "InvalidClaim",
         ),
         // (A lease of 0 or less the API server refuses itself.)
         (
@@ -153,11 +159,11 @@ async fn malformed_claims_get_warnings_and_block_no_one() {
             .is_some_and(|s| s.queue.iter().any(|w| w.claim == long_name))
     })
     .await;
-    // Only the well-formed claims wait (odd leases are usable); nothing else queued.
+    // Only the well-formed claims wait (a huge lease is capped); nothing else queued.
     let l = ns.locks().get("l").await.unwrap();
     let mut queued: Vec<String> = l.status.unwrap().queue.into_iter().map(|w| w.claim).collect();
     queued.sort();
-    assert_eq!(queued, [long_name.as_str(), "huge-lease", "no-lease"]);
+    assert_eq!(queued, [long_name.as_str(), "huge-lease"]);
 
     // The lock's spec edited mid-hold: maxHolders up then down, the lease shortened.
     let locks = ns.locks();

@@ -3,6 +3,8 @@
 //! merge PATCHes, as an attacker would (that Role cannot even GET a Lease). Each test
 //! fails on the code before issue #30's fixes.
 
+use std::time::Duration;
+
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use leasehold::api::DistributedLockSpec;
@@ -287,5 +289,130 @@ async fn a_waiter_whose_claim_a_neighbour_hid_claims_anew_and_is_not_lost() {
         leases(&ns).get_opt(&cb).await.unwrap().is_none().then_some(())
     })
     .await;
+    g.release().await.unwrap();
+}
+
+/// Issue #41, item 1 (two holders at once, 2 s): while b's claim was new (no controller
+/// running), the neighbour removed its lease; the lock's lease was then lowered to 1 s.
+/// b was recorded without a lease, its client took that for an older controller's
+/// record, b was told of its grant directly and started, and the controller judged it
+/// by the lock's 1 s lease: it expired b 3.5 s later and would have granted the next
+/// while b's command ran. Now such a claim is refused (`LeaseMissing`), b withdraws it
+/// and claims anew, and its grant records the lease it lives by.
+#[tokio::test]
+async fn a_waiter_whose_lease_was_removed_before_it_was_queued_is_never_judged_by_a_shorter_lease() {
+    let ns = TestNs::new("nb-nolease").await;
+    let neighbour = ns.as_lock_user().await;
+    ns.lock("l", spec(15)).await;
+    let (_, first) = controller_taking_notices(&ns, "nb-nolease-1").await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let held = lock_for(&ns, a).acquire().await.unwrap();
+    first.stop().await; // a restart, say: b's claim is new meanwhile
+    let lock_b = lock_for(&ns, b);
+    let waiting = tokio::spawn(async move { lock_b.acquire().await });
+    let cb = wait_for("b's claim", DEADLINE, || async {
+        claim_names(&ns).await.into_iter().find(|n| n != held.claim())
+    })
+    .await;
+    let strip = serde_json::json!({"spec": {"leaseDurationSeconds": null}});
+    neighbour_patch(&neighbour, &ns, &cb, strip).await;
+    let edit = Patch::Merge(serde_json::json!({"spec": {"leaseDurationSeconds": 1}}));
+    ns.locks().patch("l", &PatchParams::default(), &edit).await.unwrap();
+    let (_, _second) = controller_taking_notices(&ns, "nb-nolease-2").await;
+    ns.wait_lock("l", "b waits", |l| queue(l) == ["b"]).await;
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap().unwrap();
+    assert_ne!(g.claim(), cb, "b acted on the claim recorded without its lease");
+    let l = ns.locks().get("l").await.unwrap();
+    let h = &l.status.unwrap().holders[0];
+    assert_eq!((h.claim.as_str(), h.lease_duration_seconds), (g.claim(), Some(15)));
+    // Judged by its 15 s: not expired by the lock's 1 s (3 s with the grace).
+    throughout(&ns, Duration::from_secs(5), |l, at| {
+        let held = l.is_some_and(|l| holders(l) == ["b"] && revoked_for(l).iter().all(|(_, r)| r.is_none()));
+        assert!(
+            held,
+            "b's grant was taken {at:?} after its start: {:?}",
+            l.map(|l| &l.status)
+        );
+    })
+    .await;
+    assert!(!g.is_lost());
+    g.release().await.unwrap();
+}
+
+/// Issue #41, item 2 (a lock held for an hour by one POST): a claim of the neighbour's
+/// own pod, created stamped with a fencing token and a lease of an hour, was taken as
+/// an earlier incarnation's holder: it skipped the queue and held the slot back, and
+/// the waiter was not granted when the holder released. A stamp is trusted no more.
+#[tokio::test]
+async fn a_claim_stamped_with_a_fencing_token_holds_no_slot_and_waits_its_turn() {
+    let ns = TestNs::new("nb-stamp").await;
+    let neighbour = ns.as_lock_user().await;
+    let _c = spawn_controller(&ns, "nb-stamp");
+    let (held, waiting, cb) = b_waits_behind_a(&ns, 15).await;
+    let n = ns.pod("n").await;
+    let name = leasehold::protocol::claim::claim_name("l");
+    let mut stamped = leasehold::protocol::claim::claim_lease(&name, "l", &n, 3600);
+    let stamp = (
+        leasehold::protocol::FENCING_TOKEN_ANNOTATION.to_string(),
+        "1".to_string(),
+    );
+    stamped.metadata.annotations.get_or_insert_default().extend([stamp]);
+    let leases_n: Api<Lease> = Api::namespaced(neighbour.clone(), &ns.name);
+    leases_n
+        .create(&PostParams::default(), &stamped)
+        .await
+        .expect("the client Role may create claims");
+    let l = ns
+        .wait_lock("l", "the stamped claim queued", |l| queue(l) == ["b", "n"])
+        .await;
+    assert_eq!(holders(&l), ["a"], "no slot held for it");
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("b is granted when a releases")
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.claim(), cb);
+    g.release().await.unwrap();
+}
+
+/// Issue #41: a wait hash stripped before the claim was queued was recorded as none,
+/// which a waiting client accepted as an older controller's record, and the controller
+/// then took anyone's wait for the successor's direct grant (its claim name is public).
+/// The client withdraws such a claim and claims anew, as for any field changed before
+/// the record.
+#[tokio::test]
+async fn a_claim_whose_wait_hash_was_stripped_before_it_was_queued_is_withdrawn_not_acted_on() {
+    let ns = TestNs::new("nb-waithash").await;
+    let neighbour = ns.as_lock_user().await;
+    ns.lock("l", spec(15)).await;
+    let first = spawn_controller(&ns, "nb-waithash-1");
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let held = lock_for(&ns, a).acquire().await.unwrap();
+    first.stop().await; // b's claim is new meanwhile
+    let lock_b = lock_for(&ns, b);
+    let waiting = tokio::spawn(async move { lock_b.acquire().await });
+    let cb = wait_for("b's claim", DEADLINE, || async {
+        claim_names(&ns).await.into_iter().find(|n| n != held.claim())
+    })
+    .await;
+    let strip = serde_json::json!({"metadata": {"annotations": {leasehold::protocol::WAIT_HASH_ANNOTATION: null}}});
+    neighbour_patch(&neighbour, &ns, &cb, strip).await;
+    let _second = spawn_controller(&ns, "nb-waithash-2");
+    let l = ns
+        .wait_lock("l", "b waits with a new claim", |l| {
+            l.status
+                .as_ref()
+                .is_some_and(|s| s.queue.len() == 1 && s.queue[0].claim != cb)
+        })
+        .await;
+    assert!(
+        l.status.unwrap().queue[0].wait_hash.is_some(),
+        "b's new claim is recorded with its wait hash"
+    );
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap().unwrap();
+    assert_ne!(g.claim(), cb, "b acted on the claim recorded without its wait hash");
     g.release().await.unwrap();
 }

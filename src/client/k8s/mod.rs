@@ -28,6 +28,7 @@ use super::claim::{Backend, Claim, Granted, Mode, Request, Withdraw, withdraw_no
 use super::session::{LostReason, Session};
 use super::{Error, State};
 use crate::api::{DEFAULT_LEASE_DURATION_SECONDS, DistributedLock};
+use crate::protocol::record::Claimed;
 use crate::protocol::still_grants;
 use crate::protocol::timing::renew_interval;
 
@@ -69,7 +70,8 @@ impl Kube {
             let given_up: Arc<dyn Claim> = claim.clone();
             // If this future is dropped from here on, the claim is withdrawn.
             let mut withdraw = Withdraw::arm(&session, &given_up);
-            let outcome = wait::wait_grant(&request, &mut events, (&session, &claim), exists).await;
+            let wrote = wait::claimed(&request, &session, &claim);
+            let outcome = wait::wait_grant(&request, &mut events, (&session, &claim), (exists, &wrote)).await;
             let outcome = match outcome {
                 Ok(Outcome::Granted(token)) => hold(&session, &request.mode).await.map(|()| Outcome::Granted(token)),
                 other => other,
@@ -77,7 +79,7 @@ impl Kube {
             withdraw.disarm();
             match outcome {
                 Ok(Outcome::Granted(token)) => {
-                    watch_revocation(events, session.clone(), claim, token);
+                    watch_revocation(events, (session.clone(), claim, wrote), token);
                     let claim = given_up;
                     return Ok(Some(Granted {
                         session,
@@ -115,8 +117,14 @@ async fn hold(session: &Session, mode: &Mode) -> Result<(), Error> {
 
 /// After a grant with `token`: report the session lost as soon as the lock's status no
 /// longer grants it ([`still_grants`]: a direct grant's status shows the designation
-/// until the grant is written), or the lock is deleted.
-fn watch_revocation(mut events: LockWatch, session: Arc<Session>, claim: Arc<KubeClaim>, token: i64) {
+/// until the grant is written), records the claim otherwise than this process `wrote`
+/// it (the one check of [`crate::protocol::record`], before and after a grant alike,
+/// whether it came by the status or directly), or the lock is deleted.
+fn watch_revocation(
+    mut events: LockWatch,
+    (session, claim, wrote): (Arc<Session>, Arc<KubeClaim>, Claimed),
+    token: i64,
+) {
     tokio::spawn(async move {
         let mut state = session.state();
         loop {
@@ -130,6 +138,10 @@ fn watch_revocation(mut events: LockWatch, session: Arc<Session>, claim: Arc<Kub
             let reason = match seen {
                 Seen::Gone => LostReason::LockDeleted,
                 Seen::Lock(lock) if !grants(&lock, &session.claim, token) => lost_reason(&lock, &session.claim),
+                Seen::Lock(lock) if let Err(field) = checked(&lock, &session.claim, &wrote) => {
+                    tracing::warn!(claim = session.claim, field = field.field(), "{field}: stopping");
+                    LostReason::Revoked
+                }
                 Seen::Lock(lock) => {
                     // A new leader publishes where it takes notices, and its key, with
                     // its writes.
@@ -153,6 +165,11 @@ fn lost_reason(lock: &DistributedLock, claim: &str) -> LostReason {
         Some(crate::api::RevokeReason::LockDeleted) => LostReason::LockDeleted,
         _ => LostReason::Revoked,
     }
+}
+
+fn checked(lock: &DistributedLock, claim: &str, wrote: &Claimed) -> Result<(), crate::protocol::record::Tampered> {
+    let check = |s| crate::protocol::record::check(s, claim, &wrote.written());
+    lock.status.as_ref().map_or(Ok(()), check)
 }
 
 fn grants(lock: &DistributedLock, claim: &str, token: i64) -> bool {

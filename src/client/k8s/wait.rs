@@ -14,7 +14,7 @@ use crate::client::claim::{Mode, Request};
 use crate::client::progress::{Progress, UNQUEUED_NOTICE};
 use crate::client::session::{LostReason, Session};
 use crate::client::{Error, State};
-use crate::protocol::record::{self, Tampered, Written};
+use crate::protocol::record::{self, Claimed, Tampered, Written};
 use crate::protocol::{granted_token, held_back, names_claim};
 
 /// How a wait ended, short of an error.
@@ -59,6 +59,17 @@ impl Outcome {
     }
 }
 
+/// What this process wrote on its claim: what every status must record for it.
+pub(super) fn claimed(request: &Request<'_>, session: &Session, claim: &KubeClaim) -> Claimed {
+    Claimed {
+        pod: request.identity.name.clone(),
+        pod_uid: request.identity.uid.clone(),
+        release_hash: Some(claim.release_hash()),
+        wait_hash: Some(crate::protocol::release::hash_of(&claim.wait_proof())),
+        lease_seconds: i32::try_from(session.lease.as_secs()).unwrap_or(i32::MAX),
+    }
+}
+
 /// What one waiting claim has learnt so far.
 struct Wait<'a> {
     request: &'a Request<'a>,
@@ -84,23 +95,15 @@ pub(super) async fn wait_grant(
     request: &Request<'_>,
     events: &mut LockWatch,
     (session, claim): (&Session, &KubeClaim),
-    exists: bool,
+    (exists, wrote): (bool, &Claimed),
 ) -> Result<Outcome, Error> {
-    let hash = claim.release_hash();
     let proof = claim.wait_proof();
-    let wait_hash = crate::protocol::release::hash_of(&proof);
     let started = Instant::now();
     let mut wait = Wait {
         request,
         session,
         claim,
-        wrote: Written {
-            pod: &request.identity.name,
-            pod_uid: &request.identity.uid,
-            release_hash: Some(&hash),
-            wait_hash: Some(&wait_hash),
-            lease_seconds: i32::try_from(session.lease.as_secs()).unwrap_or(i32::MAX),
-        },
+        wrote: wrote.written(),
         proof: &proof,
         started,
         progress: Progress::new(request.listeners, &session.claim, started, exists),

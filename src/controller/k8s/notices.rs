@@ -240,7 +240,8 @@ impl Notices {
     /// Whether `w` may wait for a direct grant here: this replica leads, the freshest
     /// status it knows designates the claim as its lock's successor, and the wait shows
     /// the proof whose hash the claim's queue entry records (a claim recorded without
-    /// one, from an older client, may be waited for without a proof). A claim not
+    /// one is waited for by nobody: its name is public, so anyone could hold its waits;
+    /// it is granted through the status alone). A claim not
     /// designated yet is looked at again after each status write, up to
     /// [`DESIGNATION_WAIT`] (the successor may ask as soon as it sees the write, before
     /// this replica has taken note of it).
@@ -256,7 +257,7 @@ impl Notices {
             let designated = status.successor.as_ref().is_some_and(|s| s.claim == w.claim);
             let entry = status.queue.iter().find(|q| q.claim == w.claim).filter(|_| designated);
             match entry.map(|q| q.wait_hash.as_deref()) {
-                Some(None) => return Ok(()),
+                Some(None) => return Err(Told::NotYours),
                 Some(Some(hash)) if w.proof.as_deref().is_some_and(|p| opens(hash, p)) => return Ok(()),
                 Some(Some(_)) => return Err(Told::NotYours),
                 None => {}
@@ -460,9 +461,10 @@ mod tests {
         let started = tokio::time::Instant::now();
         assert_eq!(notices.may_wait(&wait_for("c-1", None)).await, Err(Told::NotYours));
         assert_eq!(started.elapsed(), DESIGNATION_WAIT);
-        // A claim recorded without a wait hash (an older client's) may be waited for.
+        // Issue #41: a claim recorded without a wait hash (stripped before the record)
+        // was waited for by anyone who asked; now by no one.
         let notices = leading(lock_designating(None)).notices;
-        assert_eq!(notices.may_wait(&wait_for("c-2", None)).await, Ok(()));
+        assert_eq!(notices.may_wait(&wait_for("c-2", None)).await, Err(Told::NotYours));
         // A standby takes no wait.
         notices.step_down();
         assert_eq!(notices.may_wait(&owner).await, Err(Told::NotLeader));
