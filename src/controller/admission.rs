@@ -100,7 +100,7 @@ impl Server {
 
     /// Serve until dropped.
     pub async fn run(self) {
-        let _ = axum::serve(self.listener, router(self.policy)).await;
+        super::listener::serve(self.listener, router(self.policy)).await;
     }
 }
 

@@ -15,6 +15,9 @@ use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::decide::ActionKind;
 
+/// How many bad claims one reconcile logs one by one; the rest it counts in one line.
+pub const MAX_WARNINGS_LOGGED: usize = 16;
+
 /// Publish the events of `actions` on `lock` (in a task of their own).
 pub fn publish_actions(ctx: &Arc<Context>, lock: &DistributedLock, actions: Vec<crate::decide::Action>) {
     if actions.is_empty() {
@@ -130,8 +133,17 @@ fn event_for(a: &crate::decide::Action, ns: &str) -> Option<Event> {
 
 /// Publish Warning events on claims (each once per claim and reason).
 pub fn publish_warnings(ctx: &Arc<Context>, warnings: &[(Arc<Lease>, &'static str, String)]) {
-    for (lease, reason, note) in warnings {
-        tracing::warn!(claim = lease.name_any(), reason, note, "bad claim");
+    for (i, (lease, reason, note)) in warnings.iter().enumerate() {
+        // A flood of bad claims is logged by its first few and a count, not line by line.
+        if i < MAX_WARNINGS_LOGGED {
+            tracing::warn!(claim = lease.name_any(), reason, note, "bad claim");
+        } else if i == MAX_WARNINGS_LOGGED {
+            let more = warnings.len() - MAX_WARNINGS_LOGGED;
+            tracing::warn!(
+                more,
+                "more bad claims (each has its Warning event, within the events' budget)"
+            );
+        }
         if !within_budget(ctx, &EventType::Warning) {
             continue;
         }

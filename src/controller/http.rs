@@ -40,7 +40,8 @@ pub async fn serve(
         tracing::info!(%addr, "serving /metrics, /healthz, /readyz, release notices and direct grants");
         router(metrics, notices)
     };
-    axum::serve(listener, routes).await
+    crate::controller::listener::serve(listener, routes).await;
+    Ok(())
 }
 
 /// Serve /metrics, /healthz and /readyz on `addr` until the task is dropped.

@@ -162,7 +162,7 @@ fn claim_watch(
 ) -> impl futures::Stream<Item = Result<Lease, watcher::Error>> + Send + 'static {
     watcher(api, watcher::Config::default().labels(protocol::LOCK_LABEL))
         .default_backoff()
-        .modify(|lease| lease.metadata.managed_fields = None) // never read; most of a claim's bytes
+        .modify(protocol::claim::keep_what_is_read) // bounded, whatever a neighbour writes
         .reflect(writer)
         .inspect_ok(move |ev| {
             f.claims.apply(ev);

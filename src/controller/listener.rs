@@ -1,8 +1,13 @@
-//! The listener of the endpoints clients use (release notices, direct grants): at most
-//! [`MAX_CONNECTIONS`] connections open at once, and at most [`MAX_PER_SOURCE`] from one
-//! address, so that neither one pod nor many can exhaust the controller's sockets or
-//! memory. A connection over either bound is closed as soon as it is accepted; its
-//! client falls back to the lock's status and its claim, as it does for any failure.
+//! The listener of the endpoints clients use (release notices, direct grants) and of the
+//! admission webhook: at most [`MAX_CONNECTIONS`] connections open at once, and at most
+//! [`MAX_PER_SOURCE`] from one address, so that neither one pod nor many can exhaust the
+//! controller's sockets or memory. A connection over either bound is closed as soon as
+//! it is accepted; its client falls back to the lock's status and its claim, as it does
+//! for any failure. And [`serve`]: a connection that sends no whole request head within
+//! [`HEADER_READ_TIMEOUT`] (of its accept, or of the last answer on a kept-alive one) is
+//! closed, and so is one whose request body stalls for [`BODY_READ_TIMEOUT`], so idle
+//! connections cannot fill those bounds (eight addresses once held them all, and with
+//! the webhook's `failurePolicy: Ignore` that switched admission off).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -19,6 +24,41 @@ pub const MAX_CONNECTIONS: usize = 2048;
 /// The most connections open at once from one address (pods on the host network share
 /// their node's).
 pub const MAX_PER_SOURCE: usize = 256;
+
+/// How long a connection may take to send a request's head: counted from its accept
+/// and, on a kept-alive connection, from the last answer (so that an idle connection is
+/// closed after as long). Clients send theirs at once, on a connection of its own.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request's body may stall.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serve `router` on `listener`'s connections (HTTP/1.1) with the timeouts above, until
+/// the task is dropped.
+pub async fn serve<L: axum::serve::Listener>(listener: L, router: axum::Router) {
+    serve_with(listener, router, (HEADER_READ_TIMEOUT, BODY_READ_TIMEOUT)).await
+}
+
+/// [`serve`] with these (head, body) timeouts.
+async fn serve_with<L: axum::serve::Listener>(
+    mut listener: L,
+    router: axum::Router,
+    (head, body): (Duration, Duration),
+) {
+    let router = router.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(body));
+    loop {
+        let (io, _) = listener.accept().await;
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(head)
+                .serve_connection(hyper_util::rt::TokioIo::new(io), service);
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "a connection ended in error");
+            }
+        });
+    }
+}
 
 /// The open connections, counted.
 #[derive(Debug, Default)]
@@ -153,6 +193,37 @@ mod tests {
         assert!(!open.admit(b), "over the total bound");
         open.close(b);
         assert!(open.admit(b));
+    }
+
+    /// Issue #41: idle connections to the client port and the webhook (both served
+    /// here) were never timed out: a few addresses could hold every connection the
+    /// bounds allow.
+    #[tokio::test]
+    async fn a_connection_that_sends_no_whole_head_in_time_is_closed_and_a_request_is_answered() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let bounded = Bounded::new(TcpListener::bind("127.0.0.1:0").await.unwrap());
+        let addr = axum::serve::Listener::local_addr(&bounded).unwrap();
+        let router = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let limit = Duration::from_millis(300);
+        let _serving = tokio::spawn(serve_with(bounded, router, (limit, limit)));
+        let closed_after = |mut conn: TcpStream| async move {
+            let started = std::time::Instant::now();
+            let mut buf = [0u8; 256];
+            let read = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await;
+            assert!(matches!(read, Ok(Ok(0) | Err(_))), "still open: {read:?}");
+            started.elapsed()
+        };
+        let silent = TcpStream::connect(addr).await.unwrap();
+        assert!(closed_after(silent).await >= limit, "an idle connection");
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+        closed_after(slow).await; // a head never finished
+        let mut kept = TcpStream::connect(addr).await.unwrap();
+        kept.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+        let mut buf = [0u8; 256];
+        let n = kept.read(&mut buf).await.unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        closed_after(kept).await; // idle after its answer
     }
 
     #[tokio::test]

@@ -92,6 +92,10 @@ pub struct Metrics {
     pub successors_waiting: Gauge,
     /// 1 while this replica leads (or runs without election), else 0.
     pub leader: Gauge,
+    /// With the admission webhook served: 1 when this replica's last check found the API
+    /// server enforcing it, 0 when a write it must refuse went through (absent: not
+    /// checked, or it could not tell).
+    pub admission_enforced: Family<CategoryLabels, Gauge>,
     /// Set once the controller's caches are synced (or it is a ready standby).
     pub ready: AtomicBool,
     locks: Mutex<LockSeries>,
@@ -127,6 +131,7 @@ impl Default for Metrics {
             })
             .set(1);
         let leader = Gauge::default();
+        let admission_enforced = Family::<CategoryLabels, Gauge>::default();
         let mut registry = Registry::with_prefix("leasehold");
         registry.register("build_info", "The running build (always 1)", build_info);
         registry.register("leader", "1 while this replica leads, else 0", leader.clone());
@@ -166,7 +171,13 @@ impl Default for Metrics {
             "Designated successors waiting at this replica to be told of their grant",
             successors_waiting.clone(),
         );
+        registry.register(
+            "admission_enforced",
+            "1 when the API server enforces the admission webhook (a dry-run claim it must refuse was refused), 0 when not",
+            admission_enforced.clone(),
+        );
         Metrics {
+            admission_enforced,
             notices,
             direct_grants,
             successors_waiting,

@@ -13,6 +13,7 @@ pub(crate) mod backend;
 pub(crate) mod budget;
 pub(crate) mod cache;
 pub(crate) mod context;
+pub mod enforced;
 pub(crate) mod error;
 pub(crate) mod etcd;
 pub(crate) mod events;
@@ -21,6 +22,7 @@ mod http;
 pub(crate) mod k8s;
 mod leader;
 mod listener;
+pub use listener::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_PER_SOURCE};
 pub mod metrics;
 pub(crate) mod prompt;
 pub(crate) mod reconcile;
@@ -166,6 +168,18 @@ pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = (
         },
         None => None,
     };
+    // Served and elected in a namespace of its own (as the chart runs it): check that
+    // the API server reaches the webhook.
+    let _enforced = (_admission.is_some())
+        .then_some(opts.leader_election_namespace.clone())
+        .flatten()
+        .map(|ns| {
+            Helper::spawn(enforced::keep_checking(
+                client.clone(),
+                metrics.clone(),
+                (opts.identity.clone(), ns),
+            ))
+        });
     let _http = opts.http_addr.map(|addr| {
         let (m, n) = (metrics.clone(), notices.clone());
         Helper::spawn(async move {

@@ -306,6 +306,9 @@ impl ControlPlane {
             &address,
             // Nodes by their address: their names resolve nowhere (exec, logs).
             "--kubelet-preferred-address-types=InternalIP,Hostname",
+            // Webhooks by their Services' endpoints (no kube-proxy on this host), as a
+            // cluster's API server reaches them through its own.
+            "--enable-aggregator-routing=true",
             "--profiling=true",
         ];
         self.spawn(leasehold, "kube-apiserver", &bin.join("kube-apiserver"), &args)?;

@@ -331,6 +331,7 @@ fn tampering() -> impl proptest::strategy::Strategy<Value = (u8, serde_json::Val
     let value = proptest::option::of(prop_oneof![
         Just("l".to_string()),
         Just("true".to_string()),
+        Just("0123456789abcdef".repeat(4)),
         "[a-z]{1,3}"
     ]);
     let field = (key, value, any::<bool>()).prop_map(|(k, v, label)| {
@@ -413,9 +414,10 @@ proptest::proptest! {
             })
         };
         // What only the webhook can judge: a mark's hash (CEL has no SHA-256), a new
-        // claim's shape and name.
-        let cel_cannot = |r: &Result<(), Refusal>| {
-            matches!(r, Err(Refusal::ForgedMark | Refusal::Malformed(_) | Refusal::BadName(_)))
+        // claim's owner and name (a hash's format CEL judges too).
+        let cel_cannot = |r: &Result<(), Refusal>| match r {
+            Err(Refusal::Malformed(bad)) => *bad != leasehold::protocol::BadClaim::MalformedHash,
+            r => matches!(r, Err(Refusal::ForgedMark | Refusal::BadName(_))),
         };
         let cases = [
             ("UPDATE", Operation::Update, Some(&old), Some(&new)),
@@ -435,4 +437,30 @@ proptest::proptest! {
             );
         }
     }
+}
+
+/// Issue #41: the chart turns the webhook on by default, failing open (`Ignore`), so a
+/// webhook the API server cannot reach changes nothing a user sees. The controller
+/// asks, with a dry-run claim the webhook must refuse: created where no webhook is
+/// registered (or reached), refused where it is.
+#[tokio::test]
+async fn the_controller_tells_whether_the_api_server_enforces_its_webhook() {
+    let ns = TestNs::new("enforced").await;
+    let enforced = || leasehold::controller::enforced::enforced(&ns.client, &ns.name);
+    assert_eq!(
+        enforced().await,
+        Some(false),
+        "no webhook is registered for this namespace"
+    );
+    let dir = std::env::temp_dir().join(&ns.name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (_c, config) = controller_with_webhook(&ns, &dir).await;
+    assert_eq!(enforced().await, Some(true), "the webhook refused the dry-run claim");
+    let configs: Api<ValidatingWebhookConfiguration> = Api::all(ns.client.clone());
+    configs.delete(&config, &DeleteParams::default()).await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        leases(&ns).list(&Default::default()).await.unwrap().items.is_empty(),
+        "a dry run creates nothing"
+    );
 }

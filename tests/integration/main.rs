@@ -11,6 +11,7 @@ mod controller;
 mod corpus;
 mod etcd;
 mod examples;
+mod flood;
 mod ha;
 mod harness;
 mod library;

@@ -27,23 +27,6 @@ fn lock_for(ns: &TestNs, pod: PodIdentity) -> Lock {
         .unwrap()
 }
 
-/// A controller serving HTTP (with notices) on a loopback port, publishing its URL.
-/// Its answers wait up to 800 ms for the status write, not 100 ms: the write, the
-/// claim's deletion and its watch event can take longer on a loaded 2-core machine,
-/// and the answer would then be "accepted" (with a mark written), which is correct but
-/// not the path under test. It stays under the 15 s lease's 1 s notice timeout.
-async fn controller_taking_notices(ns: &TestNs, name: &str) -> (SocketAddr, Running) {
-    let port = free_port();
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let opts = Options {
-        http_addr: Some(addr),
-        release_url: Some(release_url("127.0.0.1", port)),
-        notice_wait: Duration::from_millis(800),
-        ..Options::single(name, Some(&ns.name))
-    };
-    (addr, spawn_controller_with(ns.client.clone(), opts))
-}
-
 /// One HTTP/1.1 request on a connection of its own: the status code and body.
 async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -615,3 +615,20 @@ pub async fn serving_controller(ns: &TestNs, name: &str) -> (u16, Running, (Stri
     let first = wait_for("/metrics to answer", DEADLINE, || get(port, "/metrics")).await;
     (port, c, first)
 }
+
+/// A controller serving HTTP (with notices) on a loopback port, publishing its URL.
+/// Its answers wait up to 800 ms for the status write, not 100 ms: the write, the
+/// claim's deletion and its watch event can take longer on a loaded 2-core machine,
+/// and the answer would then be "accepted" (with a mark written), which is correct but
+/// not the path under test. It stays under the 15 s lease's 1 s notice timeout.
+pub async fn controller_taking_notices(ns: &TestNs, name: &str) -> (std::net::SocketAddr, Running) {
+    let port = free_port();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let opts = leasehold::controller::Options {
+        http_addr: Some(addr),
+        release_url: Some(leasehold::controller::release_url("127.0.0.1", port)),
+        notice_wait: Duration::from_millis(800),
+        ..leasehold::controller::Options::single(name, Some(&ns.name))
+    };
+    (addr, spawn_controller_with(ns.client.clone(), opts))
+}

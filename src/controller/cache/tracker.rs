@@ -30,6 +30,8 @@ struct Seen {
     released_at: Option<Instant>,
     seq: u64,
     uid: String,
+    /// Its `leasehold.dev/requested-at`, in microseconds (fixed at creation).
+    requested_micros: i64,
     /// The relist generation in which the claim was last listed or changed.
     epoch: u64,
 }
@@ -45,8 +47,14 @@ pub struct Tracker {
     revoked: HashMap<(String, String, String), Instant>,
     /// Revoked holders' claims out of view that a read by name found gone.
     strays_gone: HashSet<(String, String, String)>,
-    /// Warnings already published, by (object uid, reason): each is said once.
-    warned: HashSet<(String, &'static str)>,
+    /// Revoked holders' claims out of view that a read by name found still there, and
+    /// whose deletion under that read conflicted (written since: renewed); looked up
+    /// again once the hold-back, counted from then, is over.
+    strays_renewed: HashSet<(String, String, String)>,
+    /// Warnings already published, by object uid, with their reasons: each is said
+    /// once (by uid first, so a claim's go with it in one step: a flood of claims
+    /// deleted at once costs a removal apiece).
+    warned: HashMap<String, HashSet<&'static str>>,
     /// UIDs of pods whose objects went away after the kubelet reported them stopped,
     /// with when this controller saw that (forgotten after [`STOPPED_POD_MEMORY`]).
     stopped_pods: HashMap<String, Instant>,
@@ -84,6 +92,7 @@ impl Tracker {
                     released_at: released,
                     seq: self.next_seq,
                     uid: lease.uid().unwrap_or_default(),
+                    requested_micros: crate::protocol::claim::requested_micros(lease),
                     epoch,
                 };
                 self.claims.insert(key, seen);
@@ -123,7 +132,7 @@ impl Tracker {
             }
         }
         if let Some(seen) = self.claims.remove(&key) {
-            self.warned.retain(|(uid, _)| uid != &seen.uid);
+            self.warned.remove(&seen.uid);
         }
     }
 
@@ -143,7 +152,9 @@ impl Tracker {
             .map(|s| s.uid.clone())
             .collect();
         self.claims.retain(|_, s| s.epoch == epoch);
-        self.warned.retain(|(uid, _)| !gone.contains(uid));
+        for uid in gone {
+            self.warned.remove(&uid);
+        }
     }
 
     /// When a claim's lease (plus grace) runs out, judged from its last seen change.
@@ -176,9 +187,18 @@ impl Tracker {
     /// The claim's arrival key, for FIFO order among claims not yet queued.
     pub fn arrival(&self, lease: &Lease) -> Arrival {
         let key = (lease.namespace().unwrap_or_default(), lease.name_any());
+        let seen = self
+            .claims
+            .get(&key)
+            .filter(|s| Some(&s.uid) == lease.metadata.uid.as_ref());
         Arrival {
             created_secs: lease.creation_timestamp().map(|t| t.0.as_second()).unwrap_or_default(),
-            requested_micros: crate::protocol::claim::requested_micros(lease),
+            // Read once, when first seen (it is fixed at creation; parsing it for every
+            // claim on every pass cost a flood's reconciles most of their time).
+            requested_micros: seen.map_or_else(
+                || crate::protocol::claim::requested_micros(lease),
+                |s| s.requested_micros,
+            ),
             seen_seq: self.claims.get(&key).map(|s| s.seq).unwrap_or(u64::MAX),
         }
     }
@@ -222,6 +242,7 @@ impl Tracker {
         let kept = |(n, l, c): &(String, String, String)| !(n == ns && l == lock) || still.contains(c);
         self.revoked.retain(|k, _| kept(k));
         self.strays_gone.retain(kept);
+        self.strays_renewed.retain(kept);
     }
 
     /// This controller just deleted a revoked holder's claim that was out of its view:
@@ -240,6 +261,23 @@ impl Tracker {
         self.strays_gone.insert((ns.into(), lock.into(), claim.into()));
     }
 
+    /// A read by name found a revoked holder's claim still there, and deleting it under
+    /// that read conflicted: it was written since, so it counts as renewed now, as a
+    /// conflicting expiry does ([`Tracker::restart_hold_back`]); it is looked up again
+    /// when that hold-back is over, not at once (a neighbour who keeps writing it would
+    /// keep the lock looking it up).
+    pub fn found_stray_renewed(&mut self, ns: &str, lock: &str, claim: &str, now: Instant) {
+        self.restart_hold_back(ns, lock, claim, now);
+        self.strays_renewed.insert((ns.into(), lock.into(), claim.into()));
+    }
+
+    /// Whether a stray's look-up is due: never looked up, or found renewed and its
+    /// hold-back since (ending at `ends`) is over; never once found gone.
+    pub fn stray_due(&self, ns: &str, lock: &str, claim: &str, ends: Instant, now: Instant) -> bool {
+        let key = (ns.into(), lock.into(), claim.into());
+        !self.strays_gone.contains(&key) && (!self.strays_renewed.contains(&key) || now >= ends)
+    }
+
     /// Whether [`Tracker::found_stray_gone`] was said of this revoked holder's claim.
     pub fn stray_gone(&self, ns: &str, lock: &str, claim: &str) -> bool {
         self.strays_gone.contains(&(ns.into(), lock.into(), claim.into()))
@@ -247,7 +285,13 @@ impl Tracker {
 
     /// True the first time a warning of this reason is raised for this object.
     pub fn first_warning(&mut self, uid: &str, reason: &'static str) -> bool {
-        self.warned.insert((uid.to_string(), reason))
+        match self.warned.get_mut(uid) {
+            Some(reasons) => reasons.insert(reason),
+            None => {
+                self.warned.insert(uid.to_string(), HashSet::from([reason]));
+                true
+            }
+        }
     }
 }
 

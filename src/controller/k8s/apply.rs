@@ -14,6 +14,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
+use crate::controller::k8s::claims::delete_as_read;
 use crate::controller::k8s::observe::Plan;
 use crate::decide::ActionKind;
 
@@ -46,6 +47,8 @@ pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
     let lock = lock.clone();
     let actions = d.actions.clone();
     let delete = d.delete_claims.clone();
+    let unnamed: std::collections::HashMap<String, Arc<Lease>> =
+        plan.expire_unnamed.iter().map(|l| (l.name_any(), l.clone())).collect();
     let ns = lock.namespace().unwrap_or_default();
     tokio::spawn(async move {
         let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
@@ -58,7 +61,10 @@ pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
                 ctx.k8s.sweeper.request(&ns, claim, &ctx.written);
                 continue;
             }
-            match leases.delete(claim, &DeleteParams::default()).await {
+            // Expired unnamed: only as seen (renewed since, it stays).
+            let as_seen = unnamed.get(claim);
+            let params = as_seen.map_or_else(DeleteParams::default, |l| delete_as_read(l));
+            match leases.delete(claim, &params).await {
                 Err(e) if !matches!(&e, kube::Error::Api(s) if s.is_not_found()) => {
                     ctx.written.delete_failed(&ns, claim);
                     tracing::warn!(claim, error = %e, "deleting a finished claim failed; will retry");

@@ -1,7 +1,7 @@
 //! Observation: the stored claims and pods of one lock, and the tracker's clock,
 //! turned into the decide core's inputs; then the decision, with when to look again.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use crate::controller::cache::tracker::Tracker;
 use crate::controller::context::Context;
 use crate::decide::{ClaimView, Decision, World, decide};
 use crate::protocol::claim;
-use crate::protocol::record::{self, Tampered, Written};
+use crate::protocol::record::{self, Recorded, Tampered, Written};
 use crate::protocol::release::{self, Mark};
 use crate::protocol::timing::{self, MAX_LEASE_SECONDS};
 
@@ -37,8 +37,15 @@ pub struct Plan {
     pub rejected: usize,
     /// Released claims with when this controller saw the release, for the handoff metric.
     pub released_seen: Vec<(String, Instant)>,
-    /// The claims judged expired, to be confirmed with a fresh read before acting.
+    /// The claims the status names judged expired, to be confirmed with a fresh read
+    /// before acting.
     pub expired: Vec<Arc<Lease>>,
+    /// The claims the status does not name judged expired: no slot passes by them, so
+    /// they take no fresh read in the reconcile (a flood of them, expiring together,
+    /// would hold it up for a round trip apiece); each is deleted after the write only
+    /// as it was seen here ([`super::claims::delete_as_read`]), so one renewed since
+    /// stays.
+    pub expire_unnamed: Vec<Arc<Lease>>,
     /// Revoked holders' claims out of this controller's view at their hold-back's end,
     /// to be looked up by name before the slot passes on (see [`super::strays`]).
     pub strays: Vec<String>,
@@ -56,7 +63,8 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
     let mut tracker = ctx.tracker.lock().expect("tracker lock poisoned");
     let seen = in_view(claims_of(ctx, lock), ctx.k8s.tombstones.of_lock(ns, name, now));
     let noticed = |claim: &str, hash: Option<&str>| ctx.k8s.notices.proves(ns, claim, hash);
-    let mut judged = judge_claims(&seen, &status, lease, noticed, &mut tracker, now);
+    let records = record::records(&status);
+    let mut judged = judge_claims(&seen, (&status, &records), lease, noticed, &mut tracker, now);
     let elapsed = hold_backs_over(&seen, &status, (ns, name), lease, &mut tracker, now, &mut judged);
     let names = judged.claims.iter().map(|c| c.pod.as_str());
     let names = names.chain(status.holders.iter().map(|h| h.pod.as_str()));
@@ -109,6 +117,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         warnings,
         released_seen: judged.released_seen,
         expired: judged.expired,
+        expire_unnamed: judged.expire_unnamed,
         strays,
     }
 }
@@ -157,8 +166,10 @@ struct Judged {
     warnings: Vec<Warning>,
     /// When something will change by time alone.
     deadlines: Vec<Instant>,
-    /// Claims judged expired, to confirm with a fresh read.
+    /// Claims the status names judged expired, to confirm with a fresh read.
     expired: Vec<Arc<Lease>>,
+    /// Claims the status does not name judged expired (see [`Plan::expire_unnamed`]).
+    expire_unnamed: Vec<Arc<Lease>>,
     /// Released claims, with when the release was seen.
     released_seen: Vec<(String, Instant)>,
 }
@@ -167,7 +178,7 @@ struct Judged {
 /// when it will be, released (by a mark or a notice `noticed` proves) or forged.
 fn judge_claims(
     seen: &InView,
-    status: &DistributedLockStatus,
+    (status, records): (&DistributedLockStatus, &HashMap<&str, Recorded>),
     lease: Duration,
     noticed: impl Fn(&str, Option<&str>) -> Option<Instant>,
     tracker: &mut Tracker,
@@ -187,7 +198,8 @@ fn judge_claims(
             j.warnings.push((lease_obj.clone(), "ClaimLease", problem));
         }
         let name_of = lease_obj.name_any();
-        if let Some(field) = changed_since_recorded(lease_obj, (&pod, &uid), status) {
+        let record = records.get(name_of.as_str());
+        if let Some(field) = changed_since_recorded(lease_obj, (&pod, &uid), record) {
             let note = format!(
                 "the claim's {} was changed after the lock recorded it (by someone other than its \
                  process, who may patch Leases here): the record stands, the change is ignored",
@@ -197,8 +209,10 @@ fn judge_claims(
         }
         // Judged by the lease recorded for it, whatever its claim says now (a neighbour
         // may patch the claim): a holder by its lease, a waiter by its wait lease.
-        let holder = status.holders.iter().find(|h| h.claim == name_of);
-        let recorded = record::recorded(status, &name_of).and_then(|r| r.lease_seconds);
+        let holder = record
+            .filter(|r| r.granted)
+            .and_then(|_| status.holders.iter().find(|h| h.claim == name_of));
+        let recorded = record.and_then(|r| r.lease_seconds);
         let recorded = recorded.map(|l| Duration::from_secs(l.clamp(0, MAX_LEASE_SECONDS) as u64));
         let own = timing::judged_lease(
             claim::claim_lease_duration(lease_obj),
@@ -217,14 +231,16 @@ fn judge_claims(
             false
         } else {
             let expires = tracker.expires_at(lease_obj, lease, own, now);
-            if now >= expires {
+            if now >= expires && record.is_none() {
+                j.expire_unnamed.push(lease_obj.clone());
+            } else if now >= expires {
                 j.expired.push(lease_obj.clone());
             } else {
                 j.deadlines.push(expires);
             }
             now >= expires
         };
-        let recorded = recorded_hash(lease_obj, status);
+        let recorded = recorded_hash(lease_obj, record);
         let noticed = noticed(&name_of, recorded.as_deref());
         let view = claim_view(lease_obj, (pod, uid), expired, noticed.is_some(), recorded, tracker);
         if view.forged {
@@ -297,11 +313,11 @@ fn after_decision(
     for h in revoked.clone() {
         let released = claims.iter().any(|c| c.name == h.claim && c.released);
         let in_view = seen.live.contains(&h.claim) || seen.gone.contains(&h.claim);
-        if !released && !in_view && !tracker.stray_gone(ns, name, &h.claim) {
-            strays.push(h.claim.clone());
-        }
         let renewed = renewed_at(&seen.leases, tracker, &h.claim);
         let ends = tracker.hold_back_ends(ns, name, &h.claim, crate::decide::holder_lease(lease, h), renewed, now);
+        if !released && !in_view && tracker.stray_due(ns, name, &h.claim, ends, now) {
+            strays.push(h.claim.clone());
+        }
         deadlines.push(ends);
     }
     tracker.retain_revoked(ns, name, &revoked.map(|h| h.claim.clone()).collect());
@@ -317,10 +333,12 @@ fn warnings(
     seen: &InView,
     tracker: &mut Tracker,
 ) -> (Vec<Warning>, usize) {
+    // By name, once: a flood of ignored claims costs a look-up apiece, not a scan.
+    let by_name: HashMap<String, &Arc<Lease>> = seen.leases.iter().map(|l| (l.name_any(), l)).collect();
     for (claim, reason) in &decision.ignored {
-        if let Some(lease) = seen.leases.iter().find(|l| &l.name_any() == claim) {
+        if let Some(lease) = by_name.get(claim) {
             let note = format!("{}: {}", reason.as_str(), reason.message());
-            warnings.push((lease.clone(), "ClaimIgnored", note));
+            warnings.push(((*lease).clone(), "ClaimIgnored", note));
         }
     }
     warnings.retain(|(l, _, _)| !seen.gone.contains(&l.name_any()));
@@ -343,9 +361,9 @@ fn renewed_at(leases: &[Arc<Lease>], tracker: &Tracker, claim: &str) -> Option<I
 fn changed_since_recorded(
     lease: &Lease,
     (pod, pod_uid): (&str, &str),
-    status: &DistributedLockStatus,
+    recorded: Option<&Recorded>,
 ) -> Option<Tampered> {
-    let recorded = record::recorded(status, &lease.name_any())?;
+    let recorded = recorded?;
     let hash = release::claim_hash(lease);
     let stated = claim::claim_lease_seconds(lease);
     let now = Written {
@@ -355,9 +373,8 @@ fn changed_since_recorded(
         wait_hash: claim::claim_wait_hash(lease),
         lease_seconds: stated,
     };
-    let lowered = stated > 0 && recorded.lease_seconds.is_some_and(|l| l > stated);
+    let lowered = recorded.lease_seconds.is_some_and(|l| l > stated);
     match recorded.differs(&now) {
-        Some(Tampered::Lease) if stated == 0 => None, // no lease stated: noted as ClaimLease
         Some(field) => Some(field),
         None => lowered.then_some(Tampered::Lease),
     }
@@ -377,16 +394,13 @@ pub fn claims_of(ctx: &Context, lock: &DistributedLock) -> Vec<Arc<Lease>> {
         .collect()
 }
 
-/// The release hash a claim's release is judged against: the one recorded in `status`
-/// when it was queued (its own, if not queued yet).
-pub fn recorded_hash(lease: &Lease, status: &DistributedLockStatus) -> Option<String> {
-    let name = lease.name_any();
-    let holder = status.holders.iter().find(|h| h.claim == name);
-    let waiter = status.queue.iter().find(|w| w.claim == name);
-    match (holder, waiter) {
-        (Some(h), _) => h.release_hash.clone(),
-        (None, Some(w)) => w.release_hash.clone(),
-        (None, None) => release::claim_hash(lease),
+/// The release hash a claim's release is judged against: the one recorded for it
+/// (`recorded`: its holder entry's, else its queue entry's) when it was queued, its own
+/// if not queued yet.
+pub fn recorded_hash(lease: &Lease, recorded: Option<&Recorded>) -> Option<String> {
+    match recorded {
+        Some(r) => r.release_hash.map(String::from),
+        None => release::claim_hash(lease),
     }
 }
 
@@ -502,15 +516,48 @@ mod tests {
         let mut tracker = Tracker::default();
         let t0 = Instant::now();
         let none = |_: &str, _: Option<&str>| None;
-        let first = judge_claims(&seen, &status, Duration::from_secs(10), none, &mut tracker, t0);
+        let first = judge_claims(
+            &seen,
+            (&status, &record::records(&status)),
+            Duration::from_secs(10),
+            none,
+            &mut tracker,
+            t0,
+        );
         assert!(first.expired.is_empty());
         assert_eq!(first.claims.len(), 1);
         let due = *first.deadlines.first().expect("its expiry is a deadline");
-        let later = judge_claims(&seen, &status, Duration::from_secs(10), none, &mut tracker, due);
+        let later = judge_claims(
+            &seen,
+            (&status, &record::records(&status)),
+            Duration::from_secs(10),
+            none,
+            &mut tracker,
+            due,
+        );
+        assert!(later.expired.is_empty(), "the status names it not: no fresh read");
+        assert_eq!(
+            names(&later.expire_unnamed),
+            ["a"],
+            "judged expired at its deadline, to be deleted as seen"
+        );
+        assert!(later.claims[0].expired, "neither queued nor granted");
+        let queued: DistributedLockStatus = serde_json::from_value(serde_json::json!({"queue": [{
+            "claim": "a", "pod": "pod-a", "podUID": "uid-a", "requestedAt": "2026-01-01T00:00:00Z",
+            "leaseDurationSeconds": 10}], "queueLength": 1}))
+        .unwrap();
+        let later = judge_claims(
+            &seen,
+            (&queued, &record::records(&queued)),
+            Duration::from_secs(1),
+            none,
+            &mut tracker,
+            due + timing::WAIT_LEASE,
+        );
         assert_eq!(
             names(&later.expired),
             ["a"],
-            "judged expired at its deadline, to be read afresh"
+            "named in the status: judged expired at its deadline, to be read afresh"
         );
     }
 
@@ -531,7 +578,14 @@ mod tests {
         .unwrap();
         let (mut tracker, t0) = (Tracker::default(), Instant::now());
         let none = |_: &str, _: Option<&str>| None;
-        let judged = judge_claims(&seen, &status, Duration::from_secs(1), none, &mut tracker, t0);
+        let judged = judge_claims(
+            &seen,
+            (&status, &record::records(&status)),
+            Duration::from_secs(1),
+            none,
+            &mut tracker,
+            t0,
+        );
         let expires = *judged.deadlines.first().expect("its expiry is a deadline");
         let by_wait_lease = timing::controller_expiry(t0, Duration::from_secs(1), timing::WAIT_LEASE);
         assert_eq!(
@@ -572,6 +626,44 @@ mod tests {
         );
         let strays = after_decision(&d, &seen, &[], at, lease, &mut tracker, ends, &mut deadlines);
         assert!(strays.is_empty());
+    }
+
+    /// Issue #41: a stray whose deletion kept conflicting (written since its read) was
+    /// looked up again at once, without end and with no status write meanwhile. It
+    /// counts as renewed then, as a conflicting expiry does: looked up again only once
+    /// its hold-back, counted from then, is over.
+    #[test]
+    fn a_stray_found_renewed_is_looked_up_again_only_once_its_hold_back_is_over() {
+        let status = revoked("a");
+        let seen = in_view(Vec::new(), Vec::new());
+        let (at, lease) = (("ns", "l"), Duration::from_secs(10));
+        let mut tracker = Tracker::default();
+        let t0 = Instant::now();
+        let d = Decision {
+            status: status.clone(),
+            actions: Vec::new(),
+            delete_claims: Vec::new(),
+            ignored: Vec::new(),
+            recheck_at: None,
+        };
+        let mut deadlines = Vec::new();
+        let strays = after_decision(&d, &seen, &[], at, lease, &mut tracker, t0, &mut deadlines);
+        assert_eq!(strays, ["a"], "looked up when first revoked");
+        let t1 = t0 + Duration::from_secs(1);
+        tracker.found_stray_renewed("ns", "l", "a", t1);
+        let mut deadlines = Vec::new();
+        let strays = after_decision(&d, &seen, &[], at, lease, &mut tracker, t1, &mut deadlines);
+        assert!(strays.is_empty(), "not again at once");
+        let ends = deadlines.pop().unwrap();
+        assert_eq!(
+            ends,
+            timing::hold_back_ends(t1, lease),
+            "the hold-back counts from the conflict"
+        );
+        let elapsed = hold_backs_over(&seen, &status, at, lease, &mut tracker, ends, &mut Judged::default());
+        assert!(elapsed.is_empty(), "still held: it may be renewed");
+        let strays = after_decision(&d, &seen, &[], at, lease, &mut tracker, ends, &mut Vec::new());
+        assert_eq!(strays, ["a"], "looked up again at its end");
     }
 
     #[test]

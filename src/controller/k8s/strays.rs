@@ -61,8 +61,13 @@ pub async fn confirm(
             match leases.delete(claim, &delete_as_read(&fresh)).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                // Written since the read: read it again on the next plan.
-                Err(kube::Error::Api(s)) if s.is_conflict() => continue,
+                // Written since the read: renewed now, as for an expiry; looked up again
+                // when its hold-back, counted from now, is over.
+                Err(kube::Error::Api(s)) if s.is_conflict() => {
+                    let mut tracker = tracker.lock().expect("tracker lock poisoned");
+                    tracker.found_stray_renewed(ns, lock, claim, Instant::now());
+                    continue;
+                }
                 Err(e) => return Err(Error::Delete(claim.clone(), e)),
             }
             tracing::warn!(
