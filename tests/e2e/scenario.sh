@@ -111,13 +111,45 @@ has_started() { [ -n "$(started_at "$1")" ] || { echo "no start of $1 in the log
 line() { echo "echo $1 \$LEASEHOLD_FENCING_TOKEN \$POD_NAME \$(date +%s%N) >> \$OUT"; }
 
 install_chart() {
-  step "helm install: 2 controller replicas with leader election, image $IMAGE"
+  step "helm install: 2 controller replicas with leader election, the admission webhook (the defaults), image $IMAGE"
   k create namespace "$NS" >/dev/null
+  # Kubernetes < 1.21 does not label namespaces with their name; the webhook's
+  # confinement of the client accounts selects them by it (the chart's NOTES say so).
+  k label namespace "$NS" "kubernetes.io/metadata.name=$NS" --overwrite >/dev/null
   "$HELM" install leasehold charts/leasehold -n "$SYSNS" --create-namespace \
     --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=Never \
     --set "clientRbac.namespaces={$NS}" "${HELM_EXTRA[@]}"
   within 180 "the controller replicas did not become available" \
     is 2 k get deploy -n "$SYSNS" leasehold -o jsonpath='{.status.availableReplicas}'
+}
+
+# The default install's admission webhook: the client service account (whose Role may
+# create and patch any Lease) cannot write a Lease that is not a claim, so it cannot
+# depose another application's leader; the locks work on (the steps after this).
+admission_confines_clients() {
+  step "admission: the client service account cannot write another application's Lease"
+  local as="system:serviceaccount:$NS:leasehold-client" out lease
+  lease=$(mktemp --suffix .json)
+  echo '{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"name":"app-leader"},"spec":{"holderIdentity":"app-0"}}' > "$lease"
+  # The webhook answers once a controller pod serves it and is among its endpoints.
+  within 120 "the webhook never refused the client's write of a Lease that is no claim" \
+    refused "lock clients may write only claim Leases" k create -n "$NS" --as "$as" -f "$lease"
+  out=$(k create -n "$NS" -f "$lease" 2>&1) || fail "an admin could not create the application's Lease: $out"
+  rm -f "$lease"
+  out=$(k patch lease app-leader -n "$NS" --as "$as" --type merge -p '{"spec":{"holderIdentity":"neighbour"}}' 2>&1) \
+    && fail "the client service account patched another application's Lease: $out"
+  grep -q "lock clients may write only claim Leases" <<<"$out" || fail "refused, but not by the webhook: $out"
+  echo "  refused: $(head -1 <<<"$out")"
+}
+
+# refused TEXT CMD...: CMD fails saying TEXT (else say what it did).
+refused() {
+  local want=$1 out; shift
+  if out=$("$@" 2>&1); then
+    "$KUBECTL" delete -n "$NS" lease app-leader --ignore-not-found >/dev/null 2>&1
+    echo "accepted: $out"; return 1
+  fi
+  grep -qF -- "$want" <<<"$out" || { echo "refused otherwise: $out"; return 1; }
 }
 
 contention() {
@@ -218,6 +250,7 @@ kill_leader() {
 
 run_scenario() {
   install_chart
+  admission_confines_clients
   contention
   delete_holder
   kill_leader

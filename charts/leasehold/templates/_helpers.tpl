@@ -84,9 +84,6 @@ policy/v1beta1
 {{- if .Values.admission.confineNamespaceSelector -}}
 {{- toYaml .Values.admission.confineNamespaceSelector -}}
 {{- else if .Values.clientRbac.namespaces -}}
-{{- if semverCompare "<1.21-0" .Capabilities.KubeVersion.Version -}}
-{{- fail "admission: confining the client accounts in clientRbac.namespaces selects them by their kubernetes.io/metadata.name label, which Kubernetes < 1.21 does not set: set admission.confineNamespaceSelector" -}}
-{{- end -}}
 matchExpressions:
   - key: kubernetes.io/metadata.name
     operator: In
