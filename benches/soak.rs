@@ -447,10 +447,12 @@ async fn forge_release(world: &World) -> bool {
         .is_ok()
 }
 
-/// A neighbour who may patch Leases tampers with a random claim, waiting or held,
-/// queued or not yet (raw merge patches, as the client Role allows): its lease patched
-/// down, its release hash stripped or changed, its pod fields pointed at another pod,
-/// its lock label removed, or a release mark forged.
+/// A neighbour who may patch and create Leases tampers with a random claim, waiting or
+/// held, queued or not yet (raw merge patches, as the client Role allows): its lease
+/// patched down, removed or raised to an hour, its release or wait hash stripped,
+/// copied from another claim or padded to 200,000 bytes, its pod fields pointed at
+/// another pod, its lock label removed, a fencing-token stamp added, or a release mark
+/// forged; or it creates a stamped claim of a runner's pod, with the lock's lease.
 async fn tamper(world: &World) -> bool {
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(world.client.clone(), NS);
     let claims = leases
@@ -463,9 +465,21 @@ async fn tamper(world: &World) -> bool {
     let claim = &claims.items[rand::rng().random_range(0..claims.items.len())];
     let other = &world.runners[rand::rng().random_range(0..world.runners.len())];
     let other_uid = other.uid.lock().unwrap().clone();
-    let patch = match rand::rng().random_range(0..5) {
+    let another = &claims.items[rand::rng().random_range(0..claims.items.len())];
+    let copied = |key: &str| another.annotations().get(key).cloned();
+    let patch = match rand::rng().random_range(0..13) {
         0 => serde_json::json!({"spec": {"leaseDurationSeconds": 1}}),
         1 => serde_json::json!({"metadata": {"annotations": {"leasehold.dev/release-hash": null}}}),
+        5 => serde_json::json!({"spec": {"leaseDurationSeconds": null}}),
+        6 => serde_json::json!({"spec": {"leaseDurationSeconds": 3600}}),
+        7 => serde_json::json!({"metadata": {"annotations": {"leasehold.dev/wait-hash": null}}}),
+        8 => serde_json::json!({"metadata": {"annotations": {
+            "leasehold.dev/release-hash": copied("leasehold.dev/release-hash"),
+            "leasehold.dev/wait-hash": copied("leasehold.dev/wait-hash"),
+        }}}),
+        9 => serde_json::json!({"metadata": {"annotations": {"leasehold.dev/release-hash": "f".repeat(200_000)}}}),
+        10 => serde_json::json!({"metadata": {"annotations": {"leasehold.dev/fencing-token": "1"}}}),
+        11 => return stamped_claim(world, other, &other_uid).await,
         2 => serde_json::json!({
             "metadata": {
                 "annotations": {"leasehold.dev/pod-uid": other_uid},
@@ -481,6 +495,23 @@ async fn tamper(world: &World) -> bool {
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .is_ok()
+}
+
+/// The neighbour's own claim (of runner `other`'s pod, which it may name): stamped with
+/// a fencing token, living by the lock's lease, never renewed.
+async fn stamped_claim(world: &World, other: &Runner, uid: &str) -> bool {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(world.client.clone(), NS);
+    let pod = leasehold::protocol::PodIdentity {
+        name: other.pod.clone(),
+        namespace: NS.into(),
+        uid: uid.into(),
+    };
+    let name = leasehold::protocol::claim::claim_name("l");
+    let lease = i32::try_from(world.lease.as_secs()).unwrap_or(1);
+    let mut claim = leasehold::protocol::claim::claim_lease(&name, "l", &pod, lease);
+    let stamp = ("leasehold.dev/fencing-token".to_string(), "1".to_string());
+    claim.metadata.annotations.get_or_insert_default().extend([stamp]);
+    leases.create(&PostParams::default(), &claim).await.is_ok()
 }
 
 /// POST a release notice body to the controller on loopback; its status line.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::{ClaimObj, Mark, Menu, Ms, Step, System, secs};
 use crate::api::DistributedLockStatus;
 use crate::client::session::{may_hold, valid_until};
-use crate::protocol::record::{self, Written};
+use crate::protocol::record;
 use crate::protocol::timing::{renew_interval, safety_margin, wait_lease, wait_renew_interval};
 
 /// Where a client stands.
@@ -81,6 +81,17 @@ impl Client {
     }
 }
 
+/// What client `i` writes on its claim (the model's claims carry no wait hash).
+fn wrote(i: usize, lease: i32) -> record::Claimed {
+    record::Claimed {
+        pod: format!("p{i}"),
+        pod_uid: format!("u{i}"),
+        release_hash: Some(super::secret_hash().to_string()),
+        wait_hash: None,
+        lease_seconds: lease,
+    }
+}
+
 impl System {
     pub(super) fn lease(&self) -> std::time::Duration {
         secs(self.cfg.client_lease)
@@ -124,6 +135,7 @@ impl System {
             wait: wait_lease(lease).as_secs() as i32,
             mark: Mark::None,
             hash: true,
+            stamped: false,
             renewals: 0,
             made: self.made,
             patched_early: false,
@@ -231,18 +243,33 @@ impl System {
         }
     }
 
-    /// Whether the lock as stored no longer lists client `i` as an unrevoked holder.
+    /// Whether the lock as stored no longer lists client `i` as an unrevoked holder, or
+    /// records its claim otherwise than it wrote it (the client checks every status it
+    /// reads, after its grant too).
     fn revoked(&self, i: usize) -> bool {
         let name = self.clients[i].claim.as_deref().unwrap_or_default();
         let Some(lock) = &self.server.lock else { return true };
-        !(lock.status.holders)
+        let held = (lock.status.holders)
             .iter()
-            .any(|h| h.claim == name && h.revoked.is_none() && h.fencing_token == self.clients[i].token)
+            .any(|h| h.claim == name && h.revoked.is_none() && h.fencing_token == self.clients[i].token);
+        let wrote = wrote(i, self.cfg.client_lease);
+        !held || record::check(&lock.status, name, &wrote.written()).is_err()
     }
 
-    /// Client `i` reads the lock and finds its grant gone: it stops its command (SIGTERM,
-    /// then SIGKILL a margin later).
+    /// Client `i` reads the lock and finds its grant gone, or its record tampered: it
+    /// stops its command (SIGTERM, then SIGKILL a margin later). A tampered record is
+    /// no lost grant only if its claim was patched before the lock recorded it.
     pub(super) fn see_revoked(&mut self, i: usize) {
+        let name = self.clients[i].claim.clone().unwrap_or_default();
+        let status = self.server.lock.as_ref().map(|l| &l.status);
+        let wrote = wrote(i, self.cfg.client_lease);
+        if status.is_some_and(|s| record::check(s, &name, &wrote.written()).is_err()) {
+            let early = self.server.claims.get(&name).is_none_or(|o| o.patched_early);
+            assert!(
+                early,
+                "client {i}'s record was lowered though its claim was patched only after the lock recorded it"
+            );
+        }
         let by = self.now + safety_margin(self.lease());
         self.stop_process(i, by);
     }
@@ -267,15 +294,10 @@ impl System {
         let Some((i, c)) = c.filter(|(_, c)| c.phase == Phase::Waiting) else {
             return;
         };
-        let (pod, uid, hash) = (format!("p{i}"), format!("u{i}"), super::secret().hash());
-        let wrote = Written {
-            pod: &pod,
-            pod_uid: &uid,
-            release_hash: Some(&hash),
-            wait_hash: None,
-            lease_seconds: lease,
-        };
-        c.told
-            .insert(token, (record::check(status, claim, &wrote).is_ok(), stopped_before));
+        let ok = record::check(status, claim, &wrote(i, lease).written()).is_ok();
+        // Told of one grant twice (directly, then by the status): it may act on the first
+        // that checked out.
+        let told = c.told.entry(token).or_insert((ok, stopped_before));
+        told.0 |= ok;
     }
 }

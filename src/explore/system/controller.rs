@@ -70,7 +70,9 @@ fn own_lease(name: &str, obj: &ClaimObj, status: &DistributedLockStatus) -> Dura
     let holding = status.holders.iter().any(|h| h.claim == name);
     let recorded = record::recorded(status, name).and_then(|r| r.lease_seconds);
     let recorded = recorded.map(|l| Duration::from_secs(l.clamp(0, MAX_LEASE_SECONDS) as u64));
-    judged_lease(secs(obj.lease), Some(secs(obj.wait)), recorded, holding)
+    // As `claim::claim_lease_duration` reads it: none stated (0) is none.
+    let stated = Duration::from_secs(obj.lease.max(0) as u64);
+    judged_lease(stated, Some(secs(obj.wait)), recorded, holding)
 }
 
 impl System {
@@ -233,7 +235,7 @@ impl System {
                 status.holders.iter().find(|h| &h.claim == name),
                 status.queue.iter().find(|w| &w.claim == name),
             );
-            let claims_own = obj.hash.then(|| super::secret().hash());
+            let claims_own = obj.hash.then(|| super::secret_hash().to_string());
             let recorded = match (holder, waiter) {
                 (Some(h), _) => h.release_hash.clone(),
                 (None, Some(w)) => w.release_hash.clone(),
@@ -254,7 +256,7 @@ impl System {
                 forged: mark == release::Mark::Forged,
                 release_hash: recorded,
                 wait_hash: None,
-                stamped_token: None,
+                stamped_token: obj.stamped.then_some(1),
                 expired: is_expired,
                 lease_seconds: obj.lease,
             });
@@ -290,7 +292,9 @@ impl System {
 
     /// The property as a controller deletes a claim as expired: its process does not act.
     fn check_not_acting(&self, obj: &ClaimObj, name: &str) {
-        let client = &self.clients[obj.client];
+        let Some(client) = self.clients.get(obj.client) else {
+            return; // the neighbour's own
+        };
         assert!(
             !(client.token > 0 && client.until > self.now),
             "claim {name} deleted as expired while its process may act until {:?} (now {:?})",
@@ -408,7 +412,9 @@ impl System {
     }
 
     /// The properties of a status write: the stored token never goes down; grants go in
-    /// arrival order (no claim granted while an older one still waits).
+    /// arrival order (no claim granted while an older one still waits); every holder it
+    /// lists was a holder, or the designated successor, with that token before, or is
+    /// granted by this decision (no claim holds a slot the lock never gave it).
     fn check_write(
         &self,
         lock: &LockObj,
@@ -422,6 +428,20 @@ impl System {
             lock.status.fencing_token,
             next.fencing_token
         );
+        for h in &next.holders {
+            let was = |x: &crate::api::Holder| x.claim == h.claim && x.fencing_token == h.fencing_token;
+            let designated = (lock.status.successor.as_ref())
+                .is_some_and(|s| s.claim == h.claim && s.fencing_token == h.fencing_token);
+            let granted = actions
+                .iter()
+                .any(|a| a.claim == h.claim && a.kind == ActionKind::Granted(h.fencing_token));
+            assert!(
+                lock.status.holders.iter().any(was) || designated || granted,
+                "{} holds a slot with token {} the lock never granted it",
+                h.claim,
+                h.fencing_token
+            );
+        }
         let made = |n: &str| claims.iter().find(|c| c.name == n).map(|c| c.arrival.requested_micros);
         for a in actions.iter().filter(|a| matches!(a.kind, ActionKind::Granted(_))) {
             let before =

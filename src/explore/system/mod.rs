@@ -5,7 +5,8 @@
 //! view until it reads that it lost; restarts), clients (create, wait, renew, hold, act,
 //! release by mark or notice, withdraw, hang on a renewal that lands unanswered, be
 //! killed, be told of a grant late), a neighbour with the client Role's rights (patch a
-//! claim's lease down, strip its release hash, forge its release mark, delete it), pods
+//! claim's lease down, remove it, strip its release hash, stamp a fencing token on it,
+//! forge its release mark, delete it, make a stamped claim of its own pod), pods
 //! (force-deleted with their processes running on, or stopped by the kubelet), a lock
 //! deleted behind its finalizer and re-created under the same name, and time.
 //!
@@ -28,9 +29,10 @@
 //! grant was issued, and no two acting processes share one (across deletion and
 //! re-creation); a write never lowers the stored token; grants go in arrival order; the
 //! controller never deletes as expired a claim whose process may still act, nor lets a
-//! deleted lock go while a process it granted may; a client never finds its grant's
-//! record tampered unless its claim was patched before the lock recorded it (no lost
-//! waiter). Liveness: see [`settle`].
+//! deleted lock go while a process it granted may; every holder a status lists was
+//! granted (or designated) by the lock, with that token; a client never finds its
+//! grant's record tampered unless its claim was patched before the lock recorded it (no
+//! lost waiter). Liveness: see [`settle`].
 
 mod client;
 mod controller;
@@ -62,6 +64,11 @@ impl Add<Duration> for Ms {
 pub(super) struct Menu {
     /// The neighbour patches claims: leases down, hashes stripped, marks forged.
     pub neighbour: bool,
+    /// The neighbour removes a claim's lease.
+    pub strips: bool,
+    /// The neighbour stamps a fencing token on a claim, or makes a stamped claim of its
+    /// own pod.
+    pub stamps: bool,
     /// The neighbour deletes claims.
     pub deletes: bool,
     /// Pods are force-deleted (processes run on) or stopped by the kubelet.
@@ -110,12 +117,19 @@ fn secret() -> &'static crate::protocol::release::Secret {
     &SECRET
 }
 
+/// The hash of [`secret`], hashed once (the model asks for it on every step).
+fn secret_hash() -> &'static str {
+    static HASH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| secret().hash());
+    &HASH
+}
+
 /// A claim Lease as the API server stores it.
 #[derive(Clone, Debug)]
 struct ClaimObj {
     rv: u64,
+    /// Whose it is: a client's index, or (`cfg.clients`) the neighbour's own.
     client: usize,
-    /// The lease it states, and its wait lease, in seconds.
+    /// The lease it states (0: none, the field removed), and its wait lease, in seconds.
     lease: i32,
     wait: i32,
     mark: Mark,
@@ -123,6 +137,8 @@ struct ClaimObj {
     hash: bool,
     /// How many times its process renewed it (its `renewTime` changes).
     renewals: u32,
+    /// It carries a fencing-token stamp (1, below every epoch).
+    stamped: bool,
     /// Its place in arrival order.
     made: u32,
     /// Patched by the neighbour before the lock's status first recorded it (then its
@@ -193,6 +209,12 @@ pub(super) enum Step {
     StopPod(usize),
     /// The neighbour patches client i's claim's lease and wait lease to 1 s.
     PatchLease(usize),
+    /// The neighbour removes client i's claim's lease.
+    StripLease(usize),
+    /// The neighbour stamps a fencing token (1) on client i's claim.
+    Stamp(usize),
+    /// The neighbour makes a claim of its own pod, stamped, with a lease of an hour.
+    NeighbourClaim,
     /// The neighbour writes a release mark on client i's claim.
     Forge(usize),
     /// The neighbour strips the release hash from client i's claim.
@@ -249,7 +271,7 @@ impl System {
                 rv: 1,
                 lock: Some(lock),
                 claims: BTreeMap::new(),
-                pods: (0..cfg.clients).collect(),
+                pods: (0..=cfg.clients).collect(), // the neighbour's pod too
                 stopped: BTreeSet::new(),
                 leader: 0,
             },
@@ -345,6 +367,12 @@ impl Machine for System {
         }
         for i in 0..self.clients.len() {
             let claim = self.clients[i].claim.as_ref().and_then(|n| self.server.claims.get(n));
+            if let Some(claim) = claim.filter(|_| menu.strips) {
+                out.extend((claim.lease > 0).then_some(Step::StripLease(i)));
+            }
+            if let Some(claim) = claim.filter(|_| menu.stamps) {
+                out.extend((!claim.stamped).then_some(Step::Stamp(i)));
+            }
             if let Some(claim) = claim.filter(|_| menu.neighbour) {
                 out.extend((claim.lease > 1).then_some(Step::PatchLease(i)));
                 out.extend((claim.mark == Mark::None).then_some(Step::Forge(i)));
@@ -354,6 +382,10 @@ impl Machine for System {
             if menu.pods && self.server.pods.contains(&i) {
                 out.extend([Step::ForceDeletePod(i), Step::StopPod(i)]);
             }
+        }
+        let neighbours = self.server.claims.values().any(|c| c.client == self.clients.len());
+        if menu.stamps && !neighbours {
+            out.push(Step::NeighbourClaim);
         }
         if menu.lock {
             match &self.server.lock {
@@ -401,6 +433,15 @@ impl Machine for System {
                     (c.lease, c.wait, c.patched_early) = (1, 1, c.patched_early || early)
                 });
             }
+            Step::StripLease(i) => {
+                let early = !self.recorded(i);
+                self.patch_claim(i, |c| (c.lease, c.patched_early) = (0, c.patched_early || early));
+            }
+            Step::Stamp(i) => {
+                let early = !self.recorded(i);
+                self.patch_claim(i, |c| (c.stamped, c.patched_early) = (true, c.patched_early || early));
+            }
+            Step::NeighbourClaim => self.neighbour_claim(),
             Step::Forge(i) => self.patch_claim(i, |c| c.mark = Mark::Forged),
             Step::StripHash(i) => {
                 let early = !self.recorded(i);
@@ -426,7 +467,19 @@ impl Machine for System {
     }
 
     fn key(&self) -> String {
-        format!("{:?}", self.normalized())
+        // All but the configuration, which every state shares.
+        let n = self.normalized();
+        let System {
+            cfg: _,
+            now: _,
+            server,
+            ctrls,
+            clients,
+            made,
+            incarnations,
+            stopped_max,
+        } = &n;
+        format!("{server:?}{ctrls:?}{clients:?}{made}/{incarnations}/{stopped_max}")
     }
 
     fn settles(&self) {
@@ -449,6 +502,26 @@ impl System {
         let name = self.clients[i].claim.as_deref().unwrap_or_default();
         let status = self.server.lock.as_ref().map(|l| &l.status);
         status.is_some_and(|s| crate::protocol::record::recorded(s, name).is_some())
+    }
+
+    /// The neighbour's claim of its own pod (pod `cfg.clients`, running): stamped with
+    /// a token below every epoch, living by an hour's lease, never renewed.
+    fn neighbour_claim(&mut self) {
+        let rv = self.next_rv();
+        let obj = ClaimObj {
+            rv,
+            client: self.clients.len(),
+            lease: crate::protocol::timing::MAX_LEASE_SECONDS,
+            wait: crate::protocol::timing::MAX_LEASE_SECONDS,
+            mark: Mark::None,
+            hash: false,
+            stamped: true,
+            renewals: 0,
+            made: self.made,
+            patched_early: false,
+        };
+        self.made += 1;
+        self.server.claims.insert("n".to_string(), obj);
     }
 
     fn recreate(&mut self) {

@@ -2,7 +2,8 @@
 //! and any other by hand: `LEASEHOLD_SYSTEM=clients,max_holders,spec_lease,
 //! client_lease,menu,depth[,settle_depth] cargo test --lib explore::system::tests::every
 //! -- --nocapture`, where `menu` lists the letters of what else may happen: `n`eighbour
-//! (patches and deletes claims; `d`: deletes only), `p`ods, `l`ock deletion, `w`atch
+//! (patches and deletes claims; `d`: deletes only), lease `r`emovals, `s`tamps (a
+//! token stamped on a claim, a stamped claim of the neighbour's own), `p`ods, `l`ock deletion, `w`atch
 //! lag, `c`ontroller failover, `k`ills, hangs and notices. With `LEASEHOLD_MUTANT=Name`
 //! too, `explore::system::tests::the_system` looks for that mutant within that run.
 
@@ -21,6 +22,8 @@ struct Run {
 fn menu(letters: &str) -> Menu {
     Menu {
         neighbour: letters.contains('n'),
+        strips: letters.contains('r'),
+        stamps: letters.contains('s'),
         deletes: letters.contains('n') || letters.contains('d'),
         pods: letters.contains('p'),
         lock: letters.contains('l'),
@@ -88,6 +91,7 @@ fn ci() -> Vec<Run> {
         (2, 1, "l", 9, 7),
         (2, 1, "ck", 7, 5),
         (3, 2, "np", 6, 4),
+        (2, 1, "rs", 7, 3),
     ];
     let to_run = |(clients, max, letters, depth, settle)| Run {
         settle,
@@ -115,18 +119,22 @@ fn mutant_by_hand() -> Option<Mutant> {
 }
 
 /// Each bug put back, with the configuration that shows it: the fewest actors that
-/// can, and a depth past its shortest trace.
-const MUTANTS: [(Mutant, &str, usize); 10] = [
-    (Mutant::PodGoneAsStopped, "p", 8),
-    (Mutant::ForgedAsReleased, "n", 8),
-    (Mutant::DeletedClaimFreesAtOnce, "d", 8),
-    (Mutant::HoldBackBySpecLease, "d", 11),
-    (Mutant::LeaseAsPatchedAtGrant, "n", 8),
-    (Mutant::WaiterActsOnWaitRenewal, "", 6),
-    (Mutant::ExpiryWithoutFreshRead, "w", 7),
-    (Mutant::LifoQueue, "", 4),
-    (Mutant::LetGoWithSlotHeldBack, "l", 6),
-    (Mutant::NoTokenEpoch, "l", 10),
+/// can, the lock's and the clients' leases, and a depth past its shortest trace. (A
+/// lock lease of 1 s under the clients' 12 s is the lowered lease of issue #41's first
+/// finding, and puts the controller's expiry before the holder's first renewal.)
+const MUTANTS: [(Mutant, &str, (i32, i32), usize); 12] = [
+    (Mutant::PodGoneAsStopped, "p", (4, 8), 8),
+    (Mutant::ForgedAsReleased, "n", (4, 8), 8),
+    (Mutant::DeletedClaimFreesAtOnce, "d", (4, 8), 8),
+    (Mutant::HoldBackBySpecLease, "d", (4, 8), 11),
+    (Mutant::LeaseAsPatchedAtGrant, "n", (4, 8), 8),
+    (Mutant::WaiterActsOnWaitRenewal, "", (4, 8), 6),
+    (Mutant::ExpiryWithoutFreshRead, "w", (4, 8), 7),
+    (Mutant::LifoQueue, "", (4, 8), 4),
+    (Mutant::LetGoWithSlotHeldBack, "l", (4, 8), 6),
+    (Mutant::NoTokenEpoch, "l", (4, 8), 10),
+    (Mutant::QueuedWithoutLease, "r", (1, 12), 9),
+    (Mutant::StampTrusted, "s", (4, 8), 3),
 ];
 
 /// The mutants to look for: [`MUTANTS`], or the one `LEASEHOLD_MUTANT` names within
@@ -135,7 +143,7 @@ fn mutants() -> Vec<(Mutant, Run)> {
     if let (Some(m), Some(r)) = (mutant_by_hand(), by_hand()) {
         return vec![(m, r)];
     }
-    let to_run = |(bug, letters, depth)| (bug, run(2, 1, (4, 8), menu(letters), depth));
+    let to_run = |(bug, letters, leases, depth)| (bug, run(2, 1, leases, menu(letters), depth));
     MUTANTS.into_iter().map(to_run).collect()
 }
 
