@@ -10,9 +10,11 @@
 //!   created as one (adding the lock label to another application's Lease would have
 //!   the controller's sweeper delete it once marked released).
 //! - **A claim is well-formed when created**: the checks the controller would otherwise
-//!   report in a `MalformedClaim` event ([`super::claim::validate_claim`]), under a name
-//!   its lock's clients make ([`super::claim::is_claim_name`]: nobody squats another
-//!   application's future Lease), without the fencing-token stamp of earlier controllers.
+//!   report in an `InvalidClaim` event ([`super::claim::validate_claim`]: its hashes in
+//!   their one format among them), a positive lease (the controller would refuse it,
+//!   `LeaseMissing`), under a name its lock's clients make
+//!   ([`super::claim::is_claim_name`]: nobody squats another application's future
+//!   Lease), without the fencing-token stamp of earlier controllers.
 //! - **Only its owner releases a claim**: a release mark (or the released label) added
 //!   must open the claim's release hash ([`super::release::judge`]); the ownerReference to
 //!   its Pod changes only by the garbage collector ([`GARBAGE_COLLECTORS`]), and the
@@ -121,6 +123,8 @@ pub enum Refusal {
     ForgedMark,
     /// The fencing-token stamp of earlier controllers, which only they wrote.
     Stamped,
+    /// A claim is created stating no positive lease.
+    NoLease,
 }
 
 impl fmt::Display for Refusal {
@@ -155,6 +159,7 @@ impl fmt::Display for Refusal {
                 f,
                 "leasehold: {FENCING_TOKEN_ANNOTATION} is written by controllers only, never added or changed"
             ),
+            Refusal::NoLease => write!(f, "leasehold: a claim states a positive spec.leaseDurationSeconds"),
         }
     }
 }
@@ -199,6 +204,14 @@ fn created(new: &Lease) -> Result<(), Refusal> {
     }
     if new.annotations().contains_key(FENCING_TOKEN_ANNOTATION) {
         return Err(Refusal::Stamped);
+    }
+    if new
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_duration_seconds)
+        .is_none_or(|l| l <= 0)
+    {
+        return Err(Refusal::NoLease);
     }
     marked_by_owner(None, new)
 }
