@@ -135,10 +135,12 @@ fn stated_lease(world: &World<'_>, name: &str) -> Option<i32> {
     Some(claim.lease_seconds).filter(|l| *l > 0)
 }
 
-/// The lease waiter `w` lives by, never lowered: the longest of the one recorded when
-/// it was first queued, the one recorded at its designation, and the one its claim
-/// states now. A neighbour who patches the claim down cannot shorten it (a claim
-/// patched up only makes the controller wait longer, which is safe).
+/// The lease waiter `w` lives by: the longer of the one recorded when it was first
+/// queued and the one recorded at its designation (its owner checked both); the one its
+/// claim states now only when neither was recorded (a status written by hand). What the
+/// claim states now anyone who may patch Leases may have changed: down, a process
+/// judged by less than it acts on; up, a slot held back an hour once its holder is
+/// revoked (a neighbour's raise and forged mark did that in the chaos soak).
 fn waiter_lease(world: &World<'_>, w: &Waiter) -> Option<i32> {
     let designated = world.status.successor.as_ref().filter(|s| s.claim == w.claim);
     let recorded = w.lease_duration_seconds.filter(|l| *l > 0);
@@ -146,7 +148,7 @@ fn waiter_lease(world: &World<'_>, w: &Waiter) -> Option<i32> {
     if mutant(Mutant::LeaseAsPatchedAtGrant) {
         return stated_lease(world, &w.claim).or(recorded);
     }
-    recorded.max(at_designation).max(stated_lease(world, &w.claim))
+    recorded.max(at_designation).or_else(|| stated_lease(world, &w.claim))
 }
 
 /// The lease a holder's process may be living by, which its revoked slot is held back

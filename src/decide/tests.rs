@@ -727,6 +727,7 @@ fn a_successor_that_withdrew_or_certainly_stopped_leaves_its_place_to_the_next()
 fn a_held_back_successor_whose_claim_is_gone_keeps_the_lease_it_stated_at_its_designation() {
     let mut f = lock().held_by("a").queued("b");
     f.claims.iter_mut().find(|c| c.name == "b").unwrap().lease_seconds = 60;
+    f.status.queue[0].lease_duration_seconds = Some(60); // as stated when queued
     let (designated, d) = f.then();
     let s = d.status.successor.as_ref().unwrap();
     assert_eq!(s.lease_duration_seconds, Some(60), "recorded at the designation");
@@ -794,6 +795,25 @@ fn a_waiters_lease_recorded_when_first_queued_is_never_lowered_by_its_claim() {
     let d = f.released("a").decide();
     let b = d.status.holders.iter().find(|h| h.claim == "b").unwrap();
     assert_eq!(b.lease_duration_seconds, Some(45), "not the patched 1 s");
+}
+
+/// Found by the chaos soak (issue #41): a neighbour raised a queued claim's lease to
+/// an hour; its grant recorded that, and a forged mark on it then held the slot back an
+/// hour (a lock wedged). The grant records what was recorded while it waited.
+#[test]
+fn a_waiters_lease_patched_up_after_it_was_queued_is_not_what_its_grant_records() {
+    let mut f = lock().held_by("a").claims("b");
+    f.claims.iter_mut().find(|c| c.name == "b").unwrap().lease_seconds = 15;
+    let (mut f, _) = f.then();
+    f.claims.iter_mut().find(|c| c.name == "b").unwrap().lease_seconds = 3600;
+    let (f, d) = f.then();
+    assert_eq!(d.status.successor.as_ref().unwrap().lease_duration_seconds, Some(15));
+    let d = f.released("a").decide();
+    assert_eq!(
+        d.status.holders[0].lease_duration_seconds,
+        Some(15),
+        "not the raised 3600 s"
+    );
 }
 
 #[test]

@@ -28,7 +28,9 @@
 //! Let `L` be the lease the client lives by, `margin = safety_margin(L)`, and `sent`
 //! the moment (client's monotonic clock) the last successful write of the claim was
 //! *sent*. Let `seen` be the moment (controller's monotonic clock) the controller saw
-//! that write, and `L_c = max(L_spec, L_claim)` the lease the controller judges by.
+//! that write, and `L_c = max(L_spec, L_claim)` the lease the controller judges by,
+//! `L_claim` the lease the lock's status records for the claim (the one it states only
+//! before the record: [`timing::judged_lease`]).
 //!
 //! * The client stops its work (`lost()`) by `sent + L − margin + h`
 //!   ([`timing::client_stop_by`]), where `h` is how long an in-flight request may
@@ -61,7 +63,8 @@
 //!
 //! Since `seen ≥ sent` (a write is seen after it is sent), `L ≤ L_c` (the client's
 //! lease is written on its claim, capped at [`timing::MAX_LEASE_SECONDS`] like the
-//! lock's), `h = 0` and `EXPIRY_GRACE > 0`:
+//! lock's, and it acts only on a record of at least that: [`record`]), `h = 0` and
+//! `EXPIRY_GRACE > 0`:
 //! `sent + L − margin + h + margin < seen + L_c + EXPIRY_GRACE`. The grace covers clock
 //! *rate* differences between the two machines over one lease; no wall clocks are
 //! compared. `timing`'s tests state this inequality with the real functions.

@@ -104,24 +104,29 @@ pub fn controller_expiry<T: Add<Duration, Output = T>>(seen: T, spec_lease: Dura
     seen + spec_lease.max(claim_lease) + EXPIRY_GRACE
 }
 
-/// Controller side: the lease a claim is judged by for its expiry. The longest of the
-/// one it states (`stated`) and the one the lock's status recorded for it
-/// (`recorded`: at its grant for a holder, when first queued or designated for a
-/// waiter), for anyone allowed to patch Leases may lower the claim after that; while it
-/// waits (`holding` false), also the wait lease it states and the wait lease of the
-/// recorded one, which its process renews by whatever the claim says now.
+/// Controller side: the lease a claim is judged by for its expiry. Once the lock's
+/// status records the claim, the lease recorded for it (`recorded`: at its grant for a
+/// holder, when first queued or designated for a waiter): its owner checked that record
+/// (at least the lease it lives by, or it withdraws: [`crate::protocol::record`]), while
+/// what the claim states may have been patched since by anyone who may patch Leases,
+/// down (a process expired while it acts) or up (a silent process's slot kept for an
+/// hour). Before the record, the lease it states. While it waits (`holding` false), the
+/// wait lease of that too, or the one it states before the record: its process renews
+/// by that.
 pub fn judged_lease(
     stated: Duration,
     stated_wait: Option<Duration>,
     recorded: Option<Duration>,
     holding: bool,
 ) -> Duration {
-    let own = stated.max(recorded.unwrap_or_default());
+    let own = recorded.unwrap_or(stated);
     if holding {
         return own;
     }
-    own.max(stated_wait.unwrap_or_default())
-        .max(recorded.map(wait_lease).unwrap_or_default())
+    match recorded {
+        Some(r) => wait_lease(r),
+        None => own.max(stated_wait.unwrap_or_default()),
+    }
 }
 
 /// Controller side: when a revoked holder's held-back slot passes on, counted from

@@ -594,6 +594,33 @@ mod tests {
         );
     }
 
+    /// Found by the chaos soak (issue #41): a claim's lease raised by a neighbour after
+    /// the record kept its slot an hour once its process went silent. Recorded, a claim
+    /// is judged by its record alone, raised or lowered since.
+    #[test]
+    fn a_claim_patched_up_after_it_was_recorded_is_judged_by_its_record() {
+        let mut patched = (*lease("a")).clone();
+        patched.spec.as_mut().unwrap().lease_duration_seconds = Some(3600);
+        let seen = in_view(vec![Arc::new(patched)], Vec::new());
+        let status: DistributedLockStatus = serde_json::from_value(serde_json::json!({"holders": [{
+            "claim": "a", "pod": "pod-a", "podUID": "uid-a", "fencingToken": 1,
+            "grantedAt": "2026-01-01T00:00:00Z", "leaseDurationSeconds": 10}]}))
+        .unwrap();
+        let (mut tracker, t0) = (Tracker::default(), Instant::now());
+        let none = |_: &str, _: Option<&str>| None;
+        let judged = judge_claims(
+            &seen,
+            (&status, &record::records(&status)),
+            Duration::from_secs(5),
+            none,
+            &mut tracker,
+            t0,
+        );
+        let expires = *judged.deadlines.first().expect("its expiry is a deadline");
+        let by_record = timing::controller_expiry(t0, Duration::from_secs(5), Duration::from_secs(10));
+        assert_eq!(expires, by_record, "judged by its recorded 10 s, not the raised hour");
+    }
+
     #[test]
     fn a_revoked_holder_out_of_view_holds_its_slot_until_looked_up_then_its_hold_back_ends() {
         let status = revoked("a");
