@@ -7,7 +7,10 @@
 # with ctr (no registry). Everything is torn down on exit: containers, mounts, dirs.
 #
 # Needs root and Debian's containerd, runc, containernetworking-plugins, busybox-static
-# (installed if missing). Pods use hostNetwork and reach the API server on 127.0.0.1.
+# (installed if missing). Pods use hostNetwork and reach the API server on 127.0.0.1;
+# the node's address is $NODE_IP on a veth of its own (a kubelet refuses a loopback
+# node IP, and a pod without an IP is in no Service's endpoints: the API server calls
+# the admission webhook there).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/common.sh
@@ -15,7 +18,7 @@ cd "$(dirname "$0")/../.."
 [ "$(id -u)" = 0 ] || { echo "real-node.sh needs root (containerd, kubelet)" >&2; exit 2; }
 started=$(date +%s)
 
-pkgs=(containerd runc containernetworking-plugins busybox-static)
+pkgs=(containerd runc containernetworking-plugins busybox-static iproute2)
 apt_install "${pkgs[@]}"
 step "provisioning kubelet and kube-scheduler too"
 BIN=$(scripts/provision-k8s.sh --node)
@@ -30,6 +33,8 @@ LEASEHOLD=$CARGO_TARGET_DIR/debug/leasehold
 W=$(mktemp -d /tmp/leasehold-node.XXXXXX)
 SOCK=$W/containerd.sock
 NODE=leasehold-node
+NODE_IP=10.250.0.1
+NODE_LINK=lh-node0
 pids=()
 cleanup() {
   local rc=$?
@@ -51,6 +56,7 @@ cleanup() {
   for p in "${pids[@]}" ${CONTAINERD_PID:-}; do wait "$p" 2>/dev/null; done
   grep -o " $W[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
   rm -rf "$W"
+  ip link del "$NODE_LINK" 2>/dev/null
   echo "real-node e2e: $(( $(date +%s) - started ))s, exit $rc"
   exit $rc
 }
@@ -59,7 +65,7 @@ trap 'exit 130' INT TERM
 
 step "control plane (leasehold dev) with workload and node-lifecycle controllers"
 "$LEASEHOLD" dev --die-with-parent \
-  --kcm-controllers garbagecollector,namespace,serviceaccount-token,serviceaccount,deployment,replicaset,job,nodelifecycle,podgc \
+  --kcm-controllers garbagecollector,namespace,serviceaccount-token,serviceaccount,deployment,replicaset,job,nodelifecycle,podgc,endpoint \
   > "$W/dev.out" 2> "$W/dev.err" &
 DEV_PID=$!
 ( within 300 "leasehold dev did not start" grep -q '^KUBECONFIG=' "$W/dev.out" ) || { tail -20 "$W/dev.err"; exit 1; }
@@ -94,12 +100,16 @@ tests/e2e/build-image.sh docker.io/library/leasehold:e2e "$W/leasehold.tar"
 for t in pause leasehold; do ctr -a "$SOCK" -n k8s.io images import "$W/$t.tar" >/dev/null; done
 rm -rf "$W/img" "$W"/*.tar
 
-step "kubelet and kube-scheduler"
+step "kubelet (node address $NODE_IP) and kube-scheduler"
+ip link del "$NODE_LINK" 2>/dev/null || true
+ip link add "$NODE_LINK" type veth peer name "${NODE_LINK}p"
+ip addr add "$NODE_IP/32" dev "$NODE_LINK"
+ip link set "$NODE_LINK" up && ip link set "${NODE_LINK}p" up
 "$BIN/kubelet" --kubeconfig "$KUBECONFIG" --container-runtime=remote --container-runtime-endpoint="unix://$SOCK" \
   --cgroup-driver=cgroupfs --fail-swap-on=false --cgroups-per-qos=false --enforce-node-allocatable="" \
   --eviction-hard="" --image-gc-high-threshold=100 --image-gc-low-threshold=99 \
   --pod-infra-container-image=docker.io/library/pause:local --root-dir "$W/kubelet" --cert-dir "$W/kubelet/pki" \
-  --hostname-override "$NODE" --node-ip 127.0.0.1 --address 127.0.0.1 --read-only-port 0 --healthz-port 0 \
+  --hostname-override "$NODE" --node-ip "$NODE_IP" --address "$NODE_IP" --read-only-port 0 --healthz-port 0 \
   --anonymous-auth=false --authorization-mode=AlwaysAllow > "$W/kubelet.log" 2>&1 &
 pids+=($!)
 "$BIN/kube-scheduler" --kubeconfig "$KUBECONFIG" --leader-elect=false --port 0 --secure-port 0 > "$W/scheduler.log" 2>&1 &

@@ -147,7 +147,8 @@ refused() {
   local want=$1 out; shift
   if out=$("$@" 2>&1); then
     "$KUBECTL" delete -n "$NS" lease app-leader --ignore-not-found >/dev/null 2>&1
-    echo "accepted: $out"; return 1
+    echo "accepted: $out (the webhook's endpoints: $("$KUBECTL" get endpoints -n "$SYSNS" leasehold-admission -o jsonpath='{.subsets}' 2>&1))"
+    return 1
   fi
   grep -qF -- "$want" <<<"$out" || { echo "refused otherwise: $out"; return 1; }
 }
