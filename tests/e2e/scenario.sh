@@ -138,7 +138,7 @@ admission_confines_clients() {
   rm -f "$lease"
   # As a neighbour would: a raw PATCH, with no GET first (the client Role has none).
   out=$(raw_patch "$as" app-leader '{"spec":{"holderIdentity":"neighbour"}}')
-  grep -q '"code": *403' <<<"$out" || fail "the client service account patched another application's Lease: $out"
+  grep -q '"status": *"Failure"' <<<"$out" || fail "the client service account patched another application's Lease: $out"
   grep -q "lock clients may write only claim Leases" <<<"$out" || fail "refused, but not by the webhook: $out"
   echo "  refused: $(grep -o '"message": *"[^"]*"' <<<"$out" | head -1)"
 }
