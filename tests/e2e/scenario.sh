@@ -140,7 +140,7 @@ admission_confines_clients() {
   out=$(raw_patch "$as" app-leader '{"spec":{"holderIdentity":"neighbour"}}')
   grep -q '"status": *"Failure"' <<<"$out" || fail "the client service account patched another application's Lease: $out"
   grep -q "lock clients may write only claim Leases" <<<"$out" || fail "refused, but not by the webhook: $out"
-  echo "  refused: $(grep -o '"message": *"[^"]*"' <<<"$out" | head -1)"
+  echo "  refused: $(sed -n 's/^ *"message": *"\(.*\)",$/\1/p' <<<"$out")"
 }
 
 # raw_patch USER LEASE JSON: a merge PATCH of Lease LEASE in $NS sent straight to the API
