@@ -8,7 +8,8 @@
 #           bridge lh-br0 (10.77.0.1/24) the nodes hang on, like kind's docker network
 #   node i  network namespace lh-node-i, eth0 10.77.0.(10+i) on the bridge, with its own
 #           containerd, kubelet and kube-proxy (entered with `nsenter --net`: they share
-#           the host's mounts and kernel, as kind's node containers do). Pods get an IP
+#           the host's kernel and mounts, as kind's node containers do, but for the
+#           node's own /var/log/pods and /var/log/containers). Pods get an IP
 #           from the node's podCIDR (bridge + host-local CNI); each node routes the
 #           other nodes' podCIDRs to them (what kindnet does) and masquerades what
 #           leaves the cluster; the `kubernetes` Service is reached through kube-proxy.
@@ -124,15 +125,24 @@ start_node() {
   in_node "$n" sysctl -qw net.ipv4.ip_forward=1
   in_node "$n" sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
   tests/e2e/containerd-config.sh "$d/containerd.toml" "$d/cni"
+  # The node's own /var/log/pods and /var/log/containers, in a mount namespace its
+  # containerd and kubelet share: a kubelet deletes the log directories of the pods it
+  # does not run, so on one shared /var/log/pods each node's kubelet deleted the other
+  # nodes' pod logs within a minute (`kubectl logs`: no such file).
+  mkdir -p "$d/log/pods" "$d/log/containers" /var/log/pods /var/log/containers
+  : > "$d/mntns"
+  unshare --mount="$d/mntns" --propagation private \
+    sh -c "mount --bind '$d/log/pods' /var/log/pods && mount --bind '$d/log/containers' /var/log/containers"
+  local enter=(nsenter --mount="$d/mntns" --net="/var/run/netns/$name")
   local sock=$d/containerd.sock
-  detach "$d/containerd" nsenter --net="/var/run/netns/$name" containerd --config "$d/containerd.toml" \
+  detach "$d/containerd" "${enter[@]}" containerd --config "$d/containerd.toml" \
     --root "$d/containerd/root" --state "$d/containerd/state" --address "$sock"
   until_ok 30 ctr -a "$sock" version || die "containerd of $name did not start: $(tail "$d/containerd.log")"
   ctr -a "$sock" -n k8s.io images import "$W/pause.tar" >/dev/null
   # Anonymous requests allowed: the API server has no kubelet client certificate here
   # (logs, exec). Anything on the cluster's networks (host, nodes, pods) may use the
   # kubelet API: a test cluster, never a place to test what a pod may do.
-  detach "$d/kubelet" nsenter --net="/var/run/netns/$name" "$BIN/kubelet" --kubeconfig "$W/kubeconfig" \
+  detach "$d/kubelet" "${enter[@]}" "$BIN/kubelet" --kubeconfig "$W/kubeconfig" \
     --container-runtime=remote --container-runtime-endpoint="unix://$sock" \
     --cgroup-driver=cgroupfs --fail-swap-on=false --cgroups-per-qos=false --enforce-node-allocatable="" \
     --eviction-hard="" --image-gc-high-threshold=100 --image-gc-low-threshold=99 \
