@@ -21,8 +21,8 @@ pub(crate) enum Mutant {
     NoTokenEpoch,
     /// New claims are queued in reverse arrival order.
     LifoQueue,
-    /// A revoked holder's slot is held back by the lock's current lease, not the longer
-    /// one its claim stated at its grant.
+    /// A revoked holder's slot (its etcd key, on the etcd backend) is held back by the
+    /// lock's current lease, not the longer one its claim stated at its grant.
     HoldBackBySpecLease,
     /// A grant records the lease its claim states at that moment (a neighbour may have
     /// patched it down), not the longest recorded while it waited.
@@ -31,7 +31,7 @@ pub(crate) enum Mutant {
     /// wait lease, not by its lease.
     WaiterActsOnWaitRenewal,
     /// The controller deletes a claim it judged expired without reading it afresh and
-    /// deleting under that read's resourceVersion.
+    /// deleting under that read's resourceVersion (on its cache's word).
     ExpiryWithoutFreshRead,
     /// A claim stating no lease is queued (recorded without one), and its client accepts
     /// a waiter's record without a lease (as from an older controller): the lock's lease
@@ -40,12 +40,21 @@ pub(crate) enum Mutant {
     /// A new claim stamped with a fencing token below the epoch is taken as an earlier
     /// incarnation's holder: it skips the queue and holds a slot back for its lease.
     StampTrusted,
+    /// The controller writes a lock's status without the resourceVersion it read as a
+    /// precondition (over whatever was written since).
+    StatusWithoutVersion,
+    /// The controller takes a revoked holder's claim out of view as gone on its cache's
+    /// word, neither reading nor deleting it (its holder may renew it on).
+    StrayWithoutRead,
+    /// The controller tells every claim its plan grants of its grant before the status
+    /// write, not only the successor the stored status designates.
+    DirectGrantBeforeStored,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
 impl Mutant {
     /// Every mutant, in the order they were added.
-    pub(crate) const ALL: [Mutant; 13] = [
+    pub(crate) const ALL: [Mutant; 16] = [
         Mutant::PodGoneAsStopped,
         Mutant::ForgedAsReleased,
         Mutant::DeletedClaimFreesAtOnce,
@@ -59,6 +68,9 @@ impl Mutant {
         Mutant::ExpiryWithoutFreshRead,
         Mutant::QueuedWithoutLease,
         Mutant::StampTrusted,
+        Mutant::StatusWithoutVersion,
+        Mutant::StrayWithoutRead,
+        Mutant::DirectGrantBeforeStored,
     ];
 
     /// Whether the decide core's world model (`decide::explore`) can show it; the
@@ -73,6 +85,9 @@ impl Mutant {
                 | Mutant::ExpiryWithoutFreshRead
                 | Mutant::QueuedWithoutLease
                 | Mutant::StampTrusted
+                | Mutant::StatusWithoutVersion
+                | Mutant::StrayWithoutRead
+                | Mutant::DirectGrantBeforeStored
         )
     }
 }

@@ -60,7 +60,7 @@ pub async fn write_status(
 /// Whether writing `next` over `current` would change nothing but the release URL: a
 /// controller's URL is published with the writes it makes anyway, never alone (a new
 /// leader would otherwise rewrite every lock at once).
-fn unchanged(current: Option<&DistributedLockStatus>, next: &DistributedLockStatus) -> bool {
+pub(crate) fn unchanged(current: Option<&DistributedLockStatus>, next: &DistributedLockStatus) -> bool {
     current.is_some_and(|c| {
         c.release_url == next.release_url && c.grant_key == next.grant_key && c == next || {
             let mut c = c.clone();
@@ -105,11 +105,12 @@ impl Trouble {
 
 /// Set observedGeneration and the Ready condition: True while the lock is reconciled,
 /// False (with the reason) when the lock is deleted but waits for a held-back slot,
-/// when claims cannot name it, or when `trouble` says why.
+/// when claims cannot name it, or when `trouble` says why; a change of it dated `now`.
 pub fn with_conditions(
     lock: &DistributedLock,
     mut status: DistributedLockStatus,
     trouble: Option<&Trouble>,
+    now: Timestamp,
 ) -> DistributedLockStatus {
     let generation = lock.metadata.generation;
     status.observed_generation = generation;
@@ -148,7 +149,7 @@ pub fn with_conditions(
             reason: reason.into(),
             message,
             observed_generation: generation,
-            last_transition_time: since.unwrap_or(Time(Timestamp::now())),
+            last_transition_time: since.unwrap_or(Time(now)),
         });
     }
     status
@@ -208,7 +209,7 @@ mod tests {
         }))
         .unwrap();
         let ready = |lock: &DistributedLock, status: &DistributedLockStatus| {
-            let s = with_conditions(lock, status.clone(), None);
+            let s = with_conditions(lock, status.clone(), None, Timestamp::now());
             let c = s.conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
             (c.status, c.reason, c.message)
         };

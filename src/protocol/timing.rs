@@ -7,6 +7,20 @@
 use std::ops::Add;
 use std::time::Duration;
 
+/// A moment of a monotonic clock: the controller's (`std::time::Instant`) or a
+/// simulated one's (the system model's), so that the controller's memory and its turns
+/// run on either.
+pub trait Moment: Copy + Ord + Add<Duration, Output = Self> + std::fmt::Debug + Send + Sync + 'static {
+    /// How long after `earlier` this is (zero if it is not after).
+    fn since(self, earlier: Self) -> Duration;
+}
+
+impl Moment for std::time::Instant {
+    fn since(self, earlier: Self) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}
+
 /// Extra time, beyond the lease duration, before the controller judges a claim
 /// expired or a held-back slot free. Covers scheduling delays and clock-rate drift.
 pub const EXPIRY_GRACE: Duration = Duration::from_secs(2);
@@ -149,7 +163,12 @@ pub fn etcd_claim_ttl(lease: Duration) -> i64 {
 /// of the lock's and the claim's lease plus [`EXPIRY_GRACE`], rounded up, counted from
 /// the move. The key keeps its place (its create revision) until then.
 pub fn etcd_hold_back_ttl(spec_lease: Duration, claim_lease: Duration) -> i64 {
-    (spec_lease.max(claim_lease) + EXPIRY_GRACE).as_millis().div_ceil(1000) as i64
+    let lease = if crate::mutant::on(crate::mutant::Mutant::HoldBackBySpecLease) {
+        spec_lease // the lock's lease alone, however long the claim's
+    } else {
+        spec_lease.max(claim_lease)
+    };
+    (lease + EXPIRY_GRACE).as_millis().div_ceil(1000) as i64
 }
 
 #[cfg(test)]

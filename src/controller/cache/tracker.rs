@@ -6,7 +6,7 @@
 //! (any new resourceVersion), never from the renewTime another machine wrote. After a
 //! restart every claim counts as freshly renewed, which only delays expiry (safe).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -14,20 +14,20 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::ResourceExt;
 
 use crate::decide::Arrival;
-use crate::protocol::timing;
+use crate::protocol::timing::{self, Moment};
 
 /// (namespace, name) of a namespaced object.
 pub type Key = (String, String);
 
 /// What the controller saw of one claim.
 #[derive(Clone, Debug)]
-struct Seen {
+struct Seen<T> {
     /// The holder's last `spec.renewTime`: only its change counts as a renewal, not
     /// the controller's own stamp or anyone's annotation.
     renew_time: String,
-    changed_at: Instant,
+    changed_at: T,
     /// When this controller first saw the release mark.
-    released_at: Option<Instant>,
+    released_at: Option<T>,
     seq: u64,
     uid: String,
     /// Its `leasehold.dev/requested-at`, in microseconds (fixed at creation).
@@ -36,28 +36,45 @@ struct Seen {
     epoch: u64,
 }
 
-/// The controller's memory of claims and revocations, fed by the watch streams.
-#[derive(Debug, Default)]
-pub struct Tracker {
-    claims: HashMap<Key, Seen>,
+/// The controller's memory of claims and revocations, fed by the watch streams, on the
+/// clock `T` (the controller's; the system model's simulated one). Ordered maps, so
+/// that the memory of two controllers that saw the same is the same, also as printed.
+#[derive(Clone, Debug)]
+pub struct Tracker<T = Instant> {
+    claims: BTreeMap<Key, Seen<T>>,
     next_seq: u64,
     /// Counts relists of the claim watch; claims not seen in the latest are forgotten.
     epoch: u64,
     /// (namespace, lock, claim) -> when this controller first saw it revoked.
-    revoked: HashMap<(String, String, String), Instant>,
+    revoked: BTreeMap<(String, String, String), T>,
     /// Revoked holders' claims out of view that a read by name found gone.
-    strays_gone: HashSet<(String, String, String)>,
+    strays_gone: BTreeSet<(String, String, String)>,
     /// Revoked holders' claims out of view that a read by name found still there, and
     /// whose deletion under that read conflicted (written since: renewed); looked up
     /// again once the hold-back, counted from then, is over.
-    strays_renewed: HashSet<(String, String, String)>,
+    strays_renewed: BTreeSet<(String, String, String)>,
     /// Warnings already published, by object uid, with their reasons: each is said
     /// once (by uid first, so a claim's go with it in one step: a flood of claims
     /// deleted at once costs a removal apiece).
-    warned: HashMap<String, HashSet<&'static str>>,
+    warned: BTreeMap<String, BTreeSet<&'static str>>,
     /// UIDs of pods whose objects went away after the kubelet reported them stopped,
     /// with when this controller saw that (forgotten after [`STOPPED_POD_MEMORY`]).
-    stopped_pods: HashMap<String, Instant>,
+    stopped_pods: BTreeMap<String, T>,
+}
+
+impl<T> Default for Tracker<T> {
+    fn default() -> Self {
+        Tracker {
+            claims: BTreeMap::new(),
+            next_seq: 0,
+            epoch: 0,
+            revoked: BTreeMap::new(),
+            strays_gone: BTreeSet::new(),
+            strays_renewed: BTreeSet::new(),
+            warned: BTreeMap::new(),
+            stopped_pods: BTreeMap::new(),
+        }
+    }
 }
 
 /// How long the tracker remembers that a deleted pod had stopped.
@@ -65,10 +82,22 @@ pub const STOPPED_POD_MEMORY: Duration = Duration::from_secs(3600);
 
 // === impl Tracker ===
 
-impl Tracker {
+impl<T: Moment> Tracker<T> {
+    /// Every moment it remembers, mapped by `f` (the system model takes them relative to
+    /// its clock's now, so that memories alike compare alike).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn map_moments(&mut self, f: impl Fn(T) -> T) {
+        for s in self.claims.values_mut() {
+            s.changed_at = f(s.changed_at);
+            s.released_at = s.released_at.map(&f);
+        }
+        self.revoked.values_mut().for_each(|t| *t = f(*t));
+        self.stopped_pods.values_mut().for_each(|t| *t = f(*t));
+    }
+
     /// Record a claim seen in a watch event (or a list); a new `spec.renewTime`
     /// counts as a renewal seen now.
-    pub fn observe(&mut self, lease: &Lease, now: Instant) {
+    pub fn observe(&mut self, lease: &Lease, now: T) {
         let key = (lease.namespace().unwrap_or_default(), lease.name_any());
         let renewed = renew_time(lease);
         let epoch = self.epoch;
@@ -104,7 +133,7 @@ impl Tracker {
     /// as this controller writes its grant: a waiter renews slowly (its wait lease), so
     /// as a holder it has a whole lease from its grant to renew, and a silent one is
     /// found out a lease after its grant. And when an expiry's deletion failed.
-    pub fn restart_expiry(&mut self, ns: &str, claim: &str, now: Instant) {
+    pub fn restart_expiry(&mut self, ns: &str, claim: &str, now: T) {
         if let Some(seen) = self.claims.get_mut(&(ns.to_string(), claim.to_string())) {
             seen.changed_at = seen.changed_at.max(now);
         }
@@ -123,7 +152,7 @@ impl Tracker {
     /// Forget a deleted claim, and the warnings said about it. A revoked holder's
     /// hold-back counts from no earlier than now: it may have renewed its claim until
     /// just before the deletion.
-    pub fn forget(&mut self, lease: &Lease, now: Instant) {
+    pub fn forget(&mut self, lease: &Lease, now: T) {
         let key = (lease.namespace().unwrap_or_default(), lease.name_any());
         if let Some(lock) = crate::protocol::claim::claim_lock(lease) {
             let revoked = (key.0.clone(), lock.to_string(), key.1.clone());
@@ -158,30 +187,27 @@ impl Tracker {
     }
 
     /// When a claim's lease (plus grace) runs out, judged from its last seen change.
-    pub fn expires_at(&mut self, lease: &Lease, spec: Duration, own: Duration, now: Instant) -> Instant {
+    pub fn expires_at(&mut self, lease: &Lease, spec: Duration, own: Duration, now: T) -> T {
         self.observe(lease, now);
-        timing::controller_expiry(self.changed_at(lease), spec, own)
+        timing::controller_expiry(self.changed_at(lease, now), spec, own)
     }
 
-    /// When this controller last saw the claim change (now, if never seen).
-    pub fn changed_at(&self, lease: &Lease) -> Instant {
-        self.last_change(lease).unwrap_or_else(Instant::now)
+    /// When this controller last saw the claim change (`now`, if never seen).
+    pub fn changed_at(&self, lease: &Lease, now: T) -> T {
+        self.last_change(lease).unwrap_or(now)
     }
 
     /// When this controller last saw the claim change; `None` for a claim it does not
     /// follow (never seen, or deleted: a tombstone's last state).
-    pub fn last_change(&self, lease: &Lease) -> Option<Instant> {
+    pub fn last_change(&self, lease: &Lease) -> Option<T> {
         let key = (lease.namespace().unwrap_or_default(), lease.name_any());
         self.claims.get(&key).map(|s| s.changed_at)
     }
 
-    /// When this controller first saw the claim's release mark (now, if never seen).
-    pub fn released_at(&self, lease: &Lease) -> Instant {
+    /// When this controller first saw the claim's release mark (`now`, if never seen).
+    pub fn released_at(&self, lease: &Lease, now: T) -> T {
         let key = (lease.namespace().unwrap_or_default(), lease.name_any());
-        self.claims
-            .get(&key)
-            .and_then(|s| s.released_at)
-            .unwrap_or_else(Instant::now)
+        self.claims.get(&key).and_then(|s| s.released_at).unwrap_or(now)
     }
 
     /// The claim's arrival key, for FIFO order among claims not yet queued.
@@ -212,9 +238,9 @@ impl Tracker {
         lock: &str,
         claim: &str,
         duration: Duration,
-        renewed: Option<Instant>,
-        now: Instant,
-    ) -> Instant {
+        renewed: Option<T>,
+        now: T,
+    ) -> T {
         let from = self
             .revoked
             .entry((ns.into(), lock.into(), claim.into()))
@@ -224,9 +250,8 @@ impl Tracker {
     }
 
     /// Record a pod object's deletion; remembered when its last state shows it stopped.
-    pub fn pod_departed(&mut self, pod: &Pod, now: Instant) {
-        self.stopped_pods
-            .retain(|_, at| now.saturating_duration_since(*at) < STOPPED_POD_MEMORY);
+    pub fn pod_departed(&mut self, pod: &Pod, now: T) {
+        self.stopped_pods.retain(|_, at| now.since(*at) < STOPPED_POD_MEMORY);
         if pod_stopped(pod) {
             self.stopped_pods.insert(pod.uid().unwrap_or_default(), now);
         }
@@ -247,7 +272,7 @@ impl Tracker {
 
     /// This controller just deleted a revoked holder's claim that was out of its view:
     /// the holder may have renewed it until then, so its hold-back counts from `now`.
-    pub fn restart_hold_back(&mut self, ns: &str, lock: &str, claim: &str, now: Instant) {
+    pub fn restart_hold_back(&mut self, ns: &str, lock: &str, claim: &str, now: T) {
         let from = self
             .revoked
             .entry((ns.into(), lock.into(), claim.into()))
@@ -266,14 +291,14 @@ impl Tracker {
     /// conflicting expiry does ([`Tracker::restart_hold_back`]); it is looked up again
     /// when that hold-back is over, not at once (a neighbour who keeps writing it would
     /// keep the lock looking it up).
-    pub fn found_stray_renewed(&mut self, ns: &str, lock: &str, claim: &str, now: Instant) {
+    pub fn found_stray_renewed(&mut self, ns: &str, lock: &str, claim: &str, now: T) {
         self.restart_hold_back(ns, lock, claim, now);
         self.strays_renewed.insert((ns.into(), lock.into(), claim.into()));
     }
 
     /// Whether a stray's look-up is due: never looked up, or found renewed and its
     /// hold-back since (ending at `ends`) is over; never once found gone.
-    pub fn stray_due(&self, ns: &str, lock: &str, claim: &str, ends: Instant, now: Instant) -> bool {
+    pub fn stray_due(&self, ns: &str, lock: &str, claim: &str, ends: T, now: T) -> bool {
         let key = (ns.into(), lock.into(), claim.into());
         !self.strays_gone.contains(&key) && (!self.strays_renewed.contains(&key) || now >= ends)
     }
@@ -288,7 +313,7 @@ impl Tracker {
         match self.warned.get_mut(uid) {
             Some(reasons) => reasons.insert(reason),
             None => {
-                self.warned.insert(uid.to_string(), HashSet::from([reason]));
+                self.warned.insert(uid.to_string(), BTreeSet::from([reason]));
                 true
             }
         }
@@ -350,9 +375,9 @@ mod tests {
         let t0 = Instant::now();
         t.observe(&claim("a", "1"), t0);
         t.observe(&claim("a", "1"), t0 + Duration::from_secs(5));
-        assert_eq!(t.changed_at(&claim("a", "1")), t0, "the same renewal is no renewal");
+        assert_eq!(t.changed_at(&claim("a", "1"), t0), t0, "the same renewal is no renewal");
         t.observe(&claim("a", "2"), t0 + Duration::from_secs(6));
-        assert_eq!(t.changed_at(&claim("a", "2")), t0 + Duration::from_secs(6));
+        assert_eq!(t.changed_at(&claim("a", "2"), t0), t0 + Duration::from_secs(6));
     }
 
     #[test]
@@ -388,7 +413,7 @@ mod tests {
             .get_or_insert_default()
             .insert("example.com/note".into(), "x".into());
         t.observe(&stamped, t0 + Duration::from_secs(5));
-        assert_eq!(t.changed_at(&stamped), t0);
+        assert_eq!(t.changed_at(&stamped, t0), t0);
         assert!(!t.renewed_since(&claim("a", "1"), &stamped));
         assert!(t.renewed_since(&claim("a", "1"), &claim("a", "3")));
     }

@@ -80,7 +80,7 @@ async fn reconcile(
             View::Connecting => return Ok(Requeue::await_change()), // the mirror triggers when it knows
             View::Failed(why) => (old.clone(), Vec::new(), Some(Trouble::etcd(why)), None),
         };
-        let new = with_conditions(&current, status, trouble.as_ref());
+        let new = with_conditions(&current, status, trouble.as_ref(), k8s_openapi::jiff::Timestamp::now());
         match write_status(&ctx, &api, &mut current, new.clone()).await? {
             Step::Written | Step::Unchanged => {}
             Step::Again => continue,

@@ -19,7 +19,7 @@ use crate::controller::k8s::observe::Plan;
 use crate::decide::ActionKind;
 
 /// After a successful write: metrics, events and claim deletion.
-pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan) {
+pub fn after_write(ctx: &Arc<Context>, lock: &DistributedLock, plan: &Plan<std::time::Instant>) {
     let d = &plan.decision;
     let (ns, name) = (lock.namespace().unwrap_or_default(), lock.name_any());
     let stored = |c: &str| ctx.k8s.leases.get(&ObjectRef::new(c).within(&ns)).is_some();

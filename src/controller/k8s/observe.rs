@@ -1,42 +1,61 @@
 //! Observation: the stored claims and pods of one lock, and the tracker's clock,
 //! turned into the decide core's inputs; then the decision, with when to look again.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::runtime::reflector::ObjectRef;
 
 use super::sweep::Tombstone;
 use crate::api::{DistributedLock, DistributedLockStatus};
 use crate::controller::cache::tracker::Tracker;
-use crate::controller::context::Context;
-use crate::decide::{ClaimView, Decision, World, decide};
+use crate::decide::{ClaimView, Decision, PodView, World, decide};
 use crate::protocol::claim;
 use crate::protocol::record::{self, Recorded, Tampered, Written};
 use crate::protocol::release::{self, Mark};
-use crate::protocol::timing::{self, MAX_LEASE_SECONDS};
+use crate::protocol::timing::{self, MAX_LEASE_SECONDS, Moment};
 
 /// A Warning event to publish on a claim: (claim, reason, note).
 pub type Warning = (Arc<Lease>, &'static str, String);
 
-/// What one decision plans, with when to look again.
-pub struct Plan {
+/// What a turn reads of its controller's caches, on the clock `T`: the claims and pods
+/// as watched, the claims remembered after their deletion, the release notices taken,
+/// the deletions sent, and the wall clock. The controller's are its watches' stores
+/// ([`super::Live`]); the system model's, its simulated ones.
+pub trait Caches<T: Moment> {
+    /// The lock's claims in the claim cache (labelled for it, not being deleted).
+    fn claims(&self, lock: &DistributedLock) -> Vec<Arc<Lease>>;
+    /// The lock's claims remembered after their deletion ([`super::sweep::Tombstones`]).
+    fn tombstones(&self, ns: &str, lock: &str, now: T) -> Vec<Tombstone>;
+    /// When a release notice of `claim` that proves its release against `hash` was
+    /// taken, if one was ([`super::notices`]).
+    fn noticed(&self, ns: &str, claim: &str, hash: Option<&str>) -> Option<T>;
+    /// What the pod cache knows of the pods of these names.
+    fn pods(&self, ns: &str, names: &mut dyn Iterator<Item = &str>) -> BTreeMap<String, PodView>;
+    /// Whether this controller sent the claim's deletion and has not seen it go.
+    fn deleting(&self, ns: &str, claim: &str) -> bool;
+    /// The wall clock: written into status (informational), and a new lock's token
+    /// epoch.
+    fn wall(&self) -> Timestamp;
+}
+
+/// What one decision plans, with when to look again, on the clock `T`.
+pub struct Plan<T> {
     /// The decide core's outcome.
     pub decision: Decision,
     /// The next time-based transition (expiry, end of a hold-back), if any.
-    pub next_deadline: Option<Instant>,
+    pub next_deadline: Option<T>,
     /// Warning events to publish on claims (each claim's first only): (claim, reason, note).
     pub warnings: Vec<Warning>,
     /// How many of the lock's claims are rejected now (invalid, forged, or naming no
     /// live pod); a note on an odd lease is no rejection.
     pub rejected: usize,
     /// Released claims with when this controller saw the release, for the handoff metric.
-    pub released_seen: Vec<(String, Instant)>,
+    pub released_seen: Vec<(String, T)>,
     /// The claims the status names judged expired, to be confirmed with a fresh read
     /// before acting.
     pub expired: Vec<Arc<Lease>>,
@@ -55,26 +74,23 @@ pub struct Plan {
 /// ([`in_view`]), each judged ([`judge_claims`]), the revoked holders whose hold-back is
 /// over ([`hold_backs_over`]), the decision on that world, then what it leaves to look
 /// up or to wait for ([`after_decision`]) and the warnings worth an event ([`warnings`]).
-pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
+pub fn plan<T: Moment>(lock: &DistributedLock, caches: &impl Caches<T>, tracker: &mut Tracker<T>, now: T) -> Plan<T> {
     let at = (lock.namespace().unwrap_or_default(), lock.name_any());
     let (ns, name) = (at.0.as_str(), at.1.as_str());
     let lease = Duration::from_secs(lock.spec.lease_duration_seconds.max(1) as u64);
     let status = lock.status.clone().unwrap_or_default();
-    let mut tracker = ctx.tracker.lock().expect("tracker lock poisoned");
-    let seen = in_view(claims_of(ctx, lock), ctx.k8s.tombstones.of_lock(ns, name, now));
-    let noticed = |claim: &str, hash: Option<&str>| ctx.k8s.notices.proves(ns, claim, hash);
+    let seen = in_view(caches.claims(lock), caches.tombstones(ns, name, now));
+    let noticed = |claim: &str, hash: Option<&str>| caches.noticed(ns, claim, hash);
     let records = record::records(&status);
-    let mut judged = judge_claims(&seen, (&status, &records), lease, noticed, &mut tracker, now);
-    let elapsed = hold_backs_over(&seen, &status, (ns, name), lease, &mut tracker, now, &mut judged);
+    let mut judged = judge_claims(&seen, (&status, &records), lease, noticed, tracker, now);
+    let elapsed = hold_backs_over(&seen, &status, (ns, name), lease, tracker, now, &mut judged);
     let names = judged.claims.iter().map(|c| c.pod.as_str());
     let names = names.chain(status.holders.iter().map(|h| h.pod.as_str()));
-    let pods = ctx
-        .pods
-        .views(ns, names.chain(status.queue.iter().map(|w| w.pod.as_str())));
+    let pods = caches.pods(ns, &mut names.chain(status.queue.iter().map(|w| w.pod.as_str())));
     let uids = status.holders.iter().map(|h| h.pod_uid.as_str());
     let uids = uids.chain(judged.claims.iter().map(|c| c.pod_uid.as_str()));
     let stopped_pods = uids.filter(|uid| tracker.pod_stopped(uid)).map(String::from).collect();
-    let wall = Timestamp::now();
+    let wall = caches.wall();
     let created = lock
         .metadata
         .creation_timestamp
@@ -97,7 +113,7 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         judged.deadlines.push(now + Duration::from_micros(wait as u64));
     }
     decision.delete_claims.retain(|c| !seen.gone.contains(c)); // deleted already
-    let deleting = |c: &str| decision.delete_claims.iter().any(|d| d == c) || ctx.written.deleting(ns, c);
+    let deleting = |c: &str| decision.delete_claims.iter().any(|d| d == c) || caches.deleting(ns, c);
     decision.status.refused = crate::decide::refusals(&decision.ignored, deleting);
     let strays = after_decision(
         &decision,
@@ -105,11 +121,11 @@ pub fn plan(lock: &DistributedLock, ctx: &Context, now: Instant) -> Plan {
         &judged.claims,
         (ns, name),
         lease,
-        &mut tracker,
+        tracker,
         now,
         &mut judged.deadlines,
     );
-    let (warnings, rejected) = warnings(judged.warnings, &decision, &seen, &mut tracker);
+    let (warnings, rejected) = warnings(judged.warnings, &decision, &seen, tracker);
     Plan {
         rejected,
         decision,
@@ -158,32 +174,44 @@ fn in_view(mut leases: Vec<Arc<Lease>>, buried: Vec<Tombstone>) -> InView {
 }
 
 /// What judging the claims one by one found.
-#[derive(Default)]
-struct Judged {
+struct Judged<T> {
     /// The valid claims, as the decide core sees them.
     claims: Vec<ClaimView>,
     /// Warning events to publish: (claim, reason, note).
     warnings: Vec<Warning>,
     /// When something will change by time alone.
-    deadlines: Vec<Instant>,
+    deadlines: Vec<T>,
     /// Claims the status names judged expired, to confirm with a fresh read.
     expired: Vec<Arc<Lease>>,
     /// Claims the status does not name judged expired (see [`Plan::expire_unnamed`]).
     expire_unnamed: Vec<Arc<Lease>>,
     /// Released claims, with when the release was seen.
-    released_seen: Vec<(String, Instant)>,
+    released_seen: Vec<(String, T)>,
+}
+
+impl<T> Default for Judged<T> {
+    fn default() -> Self {
+        Judged {
+            claims: Vec::new(),
+            warnings: Vec::new(),
+            deadlines: Vec::new(),
+            expired: Vec::new(),
+            expire_unnamed: Vec::new(),
+            released_seen: Vec::new(),
+        }
+    }
 }
 
 /// Judge each claim in view: valid or not, its lease stated and recorded, expired or
 /// when it will be, released (by a mark or a notice `noticed` proves) or forged.
-fn judge_claims(
+fn judge_claims<T: Moment>(
     seen: &InView,
     (status, records): (&DistributedLockStatus, &HashMap<&str, Recorded>),
     lease: Duration,
-    noticed: impl Fn(&str, Option<&str>) -> Option<Instant>,
-    tracker: &mut Tracker,
-    now: Instant,
-) -> Judged {
+    noticed: impl Fn(&str, Option<&str>) -> Option<T>,
+    tracker: &mut Tracker<T>,
+    now: T,
+) -> Judged<T> {
     let mut j = Judged::default();
     for lease_obj in &seen.leases {
         let (pod, uid) = match claim::validate_claim(lease_obj) {
@@ -249,7 +277,7 @@ fn judge_claims(
             j.warnings.push((lease_obj.clone(), "ForgedRelease", note.to_string()));
         }
         if view.released {
-            let seen_at = noticed.unwrap_or_else(|| tracker.released_at(lease_obj));
+            let seen_at = noticed.unwrap_or_else(|| tracker.released_at(lease_obj, now));
             j.released_seen.push((view.name.clone(), seen_at));
         }
         j.claims.push(view);
@@ -262,14 +290,14 @@ fn judge_claims(
 /// a stalled watch: the end is confirmed like an expiry (it joins `judged.expired`); one
 /// out of view and not looked up yet waits for its lookup ([`after_decision`]).
 #[allow(clippy::too_many_arguments)]
-fn hold_backs_over(
+fn hold_backs_over<T: Moment>(
     seen: &InView,
     status: &DistributedLockStatus,
     (ns, name): (&str, &str),
     lease: Duration,
-    tracker: &mut Tracker,
-    now: Instant,
-    judged: &mut Judged,
+    tracker: &mut Tracker<T>,
+    now: T,
+    judged: &mut Judged<T>,
 ) -> BTreeSet<String> {
     let mut elapsed = BTreeSet::new();
     for h in status.holders.iter().filter(|h| h.revoked.is_some()) {
@@ -298,15 +326,15 @@ fn hold_backs_over(
 /// anything else is decided (returned); each hold-back's end as a deadline; and the
 /// tracker's revocation memory kept to the revoked holders the decision names.
 #[allow(clippy::too_many_arguments)]
-fn after_decision(
+fn after_decision<T: Moment>(
     decision: &Decision,
     seen: &InView,
     claims: &[ClaimView],
     (ns, name): (&str, &str),
     lease: Duration,
-    tracker: &mut Tracker,
-    now: Instant,
-    deadlines: &mut Vec<Instant>,
+    tracker: &mut Tracker<T>,
+    now: T,
+    deadlines: &mut Vec<T>,
 ) -> Vec<String> {
     let mut strays = Vec::new();
     let revoked = decision.status.holders.iter().filter(|h| h.revoked.is_some());
@@ -327,11 +355,11 @@ fn after_decision(
 /// The warnings worth an event (each claim's first of each reason; none for a claim
 /// gone, warned while it was there), with the claims the decision ignored; and how many
 /// claims are rejected (a note on an odd or tampered lease is no rejection).
-fn warnings(
+fn warnings<T: Moment>(
     mut warnings: Vec<Warning>,
     decision: &Decision,
     seen: &InView,
-    tracker: &mut Tracker,
+    tracker: &mut Tracker<T>,
 ) -> (Vec<Warning>, usize) {
     // By name, once: a flood of ignored claims costs a look-up apiece, not a scan.
     let by_name: HashMap<String, &Arc<Lease>> = seen.leases.iter().map(|l| (l.name_any(), l)).collect();
@@ -350,7 +378,7 @@ fn warnings(
 
 /// When the controller last saw `claim` renewed, if it follows it (a claim swept after
 /// its release is followed no more: its hold-back counts from the revocation).
-fn renewed_at(leases: &[Arc<Lease>], tracker: &Tracker, claim: &str) -> Option<Instant> {
+fn renewed_at<T: Moment>(leases: &[Arc<Lease>], tracker: &Tracker<T>, claim: &str) -> Option<T> {
     let lease = leases.iter().find(|l| l.name_any() == claim)?;
     tracker.last_change(lease)
 }
@@ -380,20 +408,6 @@ fn changed_since_recorded(
     }
 }
 
-/// The claims of one lock: the index names them, the store holds them.
-pub fn claims_of(ctx: &Context, lock: &DistributedLock) -> Vec<Arc<Lease>> {
-    let (ns, name) = (lock.namespace().unwrap_or_default(), lock.name_any());
-    ctx.k8s
-        .claims
-        .of_lock(&ns, &name)
-        .into_iter()
-        .filter_map(|claim| ctx.k8s.leases.get(&ObjectRef::new(&claim).within(&ns)))
-        .filter(|l| claim::claim_lock(l) == Some(name.as_str()))
-        // Being deleted (its renewals are no renewals to its client): no claim.
-        .filter(|l| l.metadata.deletion_timestamp.is_none())
-        .collect()
-}
-
 /// The release hash a claim's release is judged against: the one recorded for it
 /// (`recorded`: its holder entry's, else its queue entry's) when it was queued, its own
 /// if not queued yet.
@@ -408,13 +422,13 @@ pub fn recorded_hash(lease: &Lease, recorded: Option<&Recorded>) -> Option<Strin
 /// `recorded`, its [`recorded_hash`]. A claim with no mark but a valid release notice
 /// (`noticed`, proved against that same hash, see [`super::notices`]) counts as validly
 /// marked.
-pub fn claim_view(
+pub fn claim_view<T: Moment>(
     lease: &Lease,
     (pod, pod_uid): (String, String),
     expired: bool,
     noticed: bool,
     recorded: Option<String>,
-    tracker: &Tracker,
+    tracker: &Tracker<T>,
 ) -> ClaimView {
     let name = lease.name_any();
     let mark = match release::judge(lease, recorded.as_deref()) {
@@ -467,6 +481,8 @@ pub fn slim_pod(pod: &mut Pod) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Instant;
+
     use super::*;
     use crate::protocol::claim::{PodIdentity, claim_lease};
 
@@ -723,7 +739,7 @@ mod tests {
             ignored: vec![("b".into(), crate::api::RefuseReason::QueueFull)],
             recheck_at: None,
         };
-        let mut tracker = Tracker::default();
+        let mut tracker: Tracker = Tracker::default();
         let raised = || {
             vec![
                 (lease("a"), "ClaimLease", "odd".to_string()),

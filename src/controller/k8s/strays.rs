@@ -14,14 +14,11 @@
 //! by when every renewal the holder saw acknowledged was sent. Looked up when the
 //! revocation is first decided, this costs the hold-back nothing.
 
-use std::time::Instant;
-
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
-use kube::api::Api;
 
-use crate::controller::cache::tracker::Tracker;
+use super::claim_io::ClaimIo;
 use crate::controller::k8s::claims::delete_as_read;
+use crate::mutant::{Mutant, on as mutant};
 
 /// Errors looking up a stray claim, each naming the action that failed.
 #[derive(Debug, thiserror::Error)]
@@ -46,26 +43,25 @@ impl Error {
 
 /// Look up each stray claim of `lock` (namespace `ns`) by name, as the module says.
 /// Returns whether anything was learnt (then plan again).
-pub async fn confirm(
-    (client, tracker): (&kube::Client, &std::sync::Mutex<Tracker>),
-    ns: &str,
-    lock: &str,
-    strays: &[String],
-) -> Result<bool, Error> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+pub async fn confirm<IO: ClaimIo>(io: &IO, (ns, lock): (&str, &str), strays: &[String]) -> Result<bool, Error> {
     for claim in strays {
-        let found = leases.get_opt(claim).await.map_err(|e| Error::Read(claim.clone(), e))?;
-        if let Some(fresh) = found {
+        if mutant(Mutant::StrayWithoutRead) {
+            // Taken as gone on the cache's word: neither read nor deleted.
+        } else if let Some(fresh) = io
+            .read_claim(ns, claim)
+            .await
+            .map_err(|e| Error::Read(claim.clone(), e))?
+        {
             // Deleted, or being deleted (a finalizer someone added holds it: a renewal
             // answered with a deletionTimestamp counts as refused by its client).
-            match leases.delete(claim, &delete_as_read(&fresh)).await {
-                Ok(_) => {}
+            match io.delete_claim(ns, claim, delete_as_read(&fresh)).await {
+                Ok(()) => {}
                 Err(kube::Error::Api(s)) if s.is_not_found() => {}
                 // Written since the read: renewed now, as for an expiry; looked up again
                 // when its hold-back, counted from now, is over.
                 Err(kube::Error::Api(s)) if s.is_conflict() => {
-                    let mut tracker = tracker.lock().expect("tracker lock poisoned");
-                    tracker.found_stray_renewed(ns, lock, claim, Instant::now());
+                    let now = io.now();
+                    io.tracker(|t| t.found_stray_renewed(ns, lock, claim, now));
                     continue;
                 }
                 Err(e) => return Err(Error::Delete(claim.clone(), e)),
@@ -78,9 +74,11 @@ pub async fn confirm(
             );
         }
         // Gone as of now: the hold-back counts from here, once.
-        let mut tracker = tracker.lock().expect("tracker lock poisoned");
-        tracker.restart_hold_back(ns, lock, claim, Instant::now());
-        tracker.found_stray_gone(ns, lock, claim);
+        let now = io.now();
+        io.tracker(|t| {
+            t.restart_hold_back(ns, lock, claim, now);
+            t.found_stray_gone(ns, lock, claim);
+        });
     }
     Ok(!strays.is_empty())
 }

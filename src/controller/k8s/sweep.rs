@@ -12,7 +12,7 @@
 //! found gone counts as force-released: its slot is held back one lease, which is
 //! slower but safe.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,7 @@ use kube::api::{Api, DeleteParams, ListParams};
 
 use crate::controller::cache::written::Written;
 use crate::protocol::claim::{claim_lock, has_release_mark};
+use crate::protocol::timing::Moment;
 use crate::protocol::{LOCK_LABEL, RELEASED_LABEL};
 
 /// How long a sweep request waits for others to join it, and the least time between
@@ -34,9 +35,10 @@ pub const TOMBSTONE_MEMORY: Duration = Duration::from_secs(120);
 /// (namespace, lock).
 type LockKey = (String, String);
 /// A claim's last state, and when its deletion was seen.
-struct Buried {
+#[derive(Clone)]
+struct Buried<T> {
     lease: Arc<Lease>,
-    at: Instant,
+    at: T,
     /// This controller deleted it as expired (see [`Tombstones::bury_expired`]).
     expired: bool,
 }
@@ -45,13 +47,47 @@ struct Buried {
 pub type Tombstone = (Arc<Lease>, bool);
 
 /// The last state of claims deleted after they were seen with a release mark, or
-/// deleted by this controller as expired, by lock.
-#[derive(Default)]
-pub struct Tombstones(Mutex<HashMap<LockKey, Vec<Buried>>>);
+/// deleted by this controller as expired, by lock, on the clock `T`.
+pub struct Tombstones<T = Instant>(Mutex<BTreeMap<LockKey, Vec<Buried<T>>>>);
 
-impl Tombstones {
+impl<T> Default for Tombstones<T> {
+    fn default() -> Self {
+        Tombstones(Mutex::new(BTreeMap::new()))
+    }
+}
+
+impl<T: Clone> Clone for Tombstones<T> {
+    fn clone(&self) -> Self {
+        Tombstones(Mutex::new(self.0.lock().expect("tombstones lock poisoned").clone()))
+    }
+}
+
+/// Each remembered claim as its name, resourceVersion, whether it was expired, and
+/// when it was buried: what the system model compares of two controllers' memories.
+impl<T: std::fmt::Debug> std::fmt::Debug for Tombstones<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let map = self.0.lock().expect("tombstones lock poisoned");
+        let digest = map.iter().map(|(k, list)| {
+            let buried: Vec<_> = list
+                .iter()
+                .map(|b| (b.lease.name_any(), b.lease.resource_version(), b.expired, &b.at))
+                .collect();
+            (k, buried)
+        });
+        f.debug_map().entries(digest).finish()
+    }
+}
+
+impl<T: Moment> Tombstones<T> {
+    /// Every moment it remembers, mapped by `f` (see [`crate::controller::cache::tracker::Tracker::map_moments`]).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn map_moments(&self, f: impl Fn(T) -> T) {
+        let mut map = self.0.lock().expect("tombstones lock poisoned");
+        map.values_mut().flatten().for_each(|b| b.at = f(b.at));
+    }
+
     /// A claim was deleted (`lease`: its last state): remember it if it was released.
-    pub fn bury(&self, lease: &Lease, now: Instant) {
+    pub fn bury(&self, lease: &Lease, now: T) {
         if has_release_mark(lease) {
             self.remember(lease, now, false);
         }
@@ -60,11 +96,11 @@ impl Tombstones {
     /// This controller deleted `lease` (its state as read just before) as expired: until
     /// its lock's status no longer names it, it counts as expired, not as a claim gone
     /// without word (which would hold a holder's slot back a lease).
-    pub fn bury_expired(&self, lease: &Lease, now: Instant) {
+    pub fn bury_expired(&self, lease: &Lease, now: T) {
         self.remember(lease, now, true);
     }
 
-    fn remember(&self, lease: &Lease, now: Instant, expired: bool) {
+    fn remember(&self, lease: &Lease, now: T, expired: bool) {
         let (Some(ns), Some(lock)) = (lease.namespace(), claim_lock(lease)) else {
             return;
         };
@@ -82,13 +118,13 @@ impl Tombstones {
     }
 
     /// The remembered claims of a lock (forgetting those older than the memory).
-    pub fn of_lock(&self, ns: &str, lock: &str, now: Instant) -> Vec<Tombstone> {
+    pub fn of_lock(&self, ns: &str, lock: &str, now: T) -> Vec<Tombstone> {
         let mut map = self.0.lock().expect("tombstones lock poisoned");
         let key = (ns.to_string(), lock.to_string());
         let Some(list) = map.get_mut(&key) else {
             return Vec::new();
         };
-        list.retain(|b| now.saturating_duration_since(b.at) < TOMBSTONE_MEMORY);
+        list.retain(|b| now.since(b.at) < TOMBSTONE_MEMORY);
         let out = list.iter().map(|b| (b.lease.clone(), b.expired)).collect();
         if list.is_empty() {
             map.remove(&key);

@@ -136,6 +136,7 @@ impl System {
             mark: Mark::None,
             hash: true,
             stamped: false,
+            labelled: true,
             renewals: 0,
             made: self.made,
             patched_early: false,
@@ -221,7 +222,8 @@ impl System {
         let name = self.clients[i].claim.clone().unwrap_or_default();
         match notice {
             Some(ctrl) => {
-                self.ctrls[ctrl].noticed.insert(name);
+                let now = self.now;
+                self.ctrls[ctrl].noticed.insert(name, now);
             }
             None => {
                 let rv = self.next_rv();

@@ -36,6 +36,8 @@
 
 mod client;
 mod controller;
+mod io;
+mod objects;
 mod settle;
 #[cfg(test)]
 mod tests;
@@ -58,6 +60,12 @@ impl Add<Duration> for Ms {
     }
 }
 
+impl crate::protocol::timing::Moment for Ms {
+    fn since(self, earlier: Ms) -> Duration {
+        Duration::from_millis(u64::try_from(self.0 - earlier.0).unwrap_or(0))
+    }
+}
+
 /// Which kinds of step a configuration explores beyond the clients' own and one
 /// controller's.
 #[derive(Clone, Copy, Debug, Default)]
@@ -69,6 +77,9 @@ pub(super) struct Menu {
     /// The neighbour stamps a fencing token on a claim, or makes a stamped claim of its
     /// own pod.
     pub stamps: bool,
+    /// The neighbour removes a claim's lock label: out of the controller's view, its
+    /// process renews it on.
+    pub unlabels: bool,
     /// The neighbour deletes claims.
     pub deletes: bool,
     /// Pods are force-deleted (processes run on) or stopped by the kubelet.
@@ -139,6 +150,8 @@ struct ClaimObj {
     renewals: u32,
     /// It carries a fencing-token stamp (1, below every epoch).
     stamped: bool,
+    /// It carries its lock label (the controller's watch selects claims by it).
+    labelled: bool,
     /// Its place in arrival order.
     made: u32,
     /// Patched by the neighbour before the lock's status first recorded it (then its
@@ -158,7 +171,7 @@ struct LockObj {
 }
 
 /// What the API server stores.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 struct Server {
     /// Bumped by every change, so a cache is current exactly when its `rv` is.
     rv: u64,
@@ -215,6 +228,8 @@ pub(super) enum Step {
     Stamp(usize),
     /// The neighbour makes a claim of its own pod, stamped, with a lease of an hour.
     NeighbourClaim,
+    /// The neighbour removes the lock label from client i's claim.
+    Unlabel(usize),
     /// The neighbour writes a release mark on client i's claim.
     Forge(usize),
     /// The neighbour strips the release hash from client i's claim.
@@ -336,9 +351,6 @@ impl System {
             }
             server.claims.values_mut().for_each(|c| f(&mut c.rv));
         }
-        for c in &mut self.ctrls {
-            c.buried.values_mut().for_each(|b| f(&mut b.rv));
-        }
     }
 }
 
@@ -372,6 +384,9 @@ impl Machine for System {
             }
             if let Some(claim) = claim.filter(|_| menu.stamps) {
                 out.extend((!claim.stamped).then_some(Step::Stamp(i)));
+            }
+            if let Some(claim) = claim.filter(|_| menu.unlabels) {
+                out.extend(claim.labelled.then_some(Step::Unlabel(i)));
             }
             if let Some(claim) = claim.filter(|_| menu.neighbour) {
                 out.extend((claim.lease > 1).then_some(Step::PatchLease(i)));
@@ -442,6 +457,7 @@ impl Machine for System {
                 self.patch_claim(i, |c| (c.stamped, c.patched_early) = (true, c.patched_early || early));
             }
             Step::NeighbourClaim => self.neighbour_claim(),
+            Step::Unlabel(i) => self.patch_claim(i, |c| c.labelled = false),
             Step::Forge(i) => self.patch_claim(i, |c| c.mark = Mark::Forged),
             Step::StripHash(i) => {
                 let early = !self.recorded(i);
@@ -516,6 +532,7 @@ impl System {
             mark: Mark::None,
             hash: false,
             stamped: true,
+            labelled: true,
             renewals: 0,
             made: self.made,
             patched_early: false,

@@ -17,12 +17,12 @@ const ROUNDS: usize = 200;
 
 impl System {
     /// Whether client `i` is a waiter that must be granted: waiting on the lock as it
-    /// stands, its pod running, its claim as it wrote it (no mark on it, not patched
-    /// before the lock recorded it), and not yet given up waiting.
+    /// stands, its pod running, its claim as it wrote it (no mark on it, its lock label
+    /// on, not patched before the lock recorded it), and not yet given up waiting.
     fn must_be_granted(&self, i: usize) -> bool {
         let c = &self.clients[i];
         let claim = c.claim.as_ref().and_then(|n| self.server.claims.get(n));
-        let intact = claim.is_some_and(|o| o.mark == Mark::None && !o.patched_early);
+        let intact = claim.is_some_and(|o| o.mark == Mark::None && !o.patched_early && o.labelled);
         let waits = c.phase == Phase::Waiting && self.now < client_stop_by(c.last_sent, wait_lease(self.lease()));
         let open = self.server.lock.as_ref().is_some_and(|l| !l.deleting);
         waits
@@ -32,7 +32,7 @@ impl System {
             && !self
                 .ctrls
                 .iter()
-                .any(|k| k.noticed.contains(c.claim.as_deref().unwrap_or_default()))
+                .any(|k| k.noticed.contains_key(c.claim.as_deref().unwrap_or_default()))
     }
 
     /// One fair round.

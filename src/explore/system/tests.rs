@@ -2,7 +2,7 @@
 //! and any other by hand: `LEASEHOLD_SYSTEM=clients,max_holders,spec_lease,
 //! client_lease,menu,depth[,settle_depth] cargo test --lib explore::system::tests::every
 //! -- --nocapture`, where `menu` lists the letters of what else may happen: `n`eighbour
-//! (patches and deletes claims; `d`: deletes only), lease `r`emovals, `s`tamps (a
+//! (patches and deletes claims; `d`: deletes only), lease `r`emovals, `u`nlabelled claims, `s`tamps (a
 //! token stamped on a claim, a stamped claim of the neighbour's own), `p`ods, `l`ock deletion, `w`atch
 //! lag, `c`ontroller failover, `k`ills, hangs and notices. With `LEASEHOLD_MUTANT=Name`
 //! too, `explore::system::tests::the_system` looks for that mutant within that run.
@@ -24,6 +24,7 @@ fn menu(letters: &str) -> Menu {
         neighbour: letters.contains('n'),
         strips: letters.contains('r'),
         stamps: letters.contains('s'),
+        unlabels: letters.contains('u'),
         deletes: letters.contains('n') || letters.contains('d'),
         pods: letters.contains('p'),
         lock: letters.contains('l'),
@@ -91,7 +92,7 @@ fn ci() -> Vec<Run> {
         (2, 1, "l", 9, 7),
         (2, 1, "ck", 7, 5),
         (3, 2, "np", 6, 4),
-        (2, 1, "rs", 7, 3),
+        (2, 1, "rsu", 7, 3),
     ];
     let to_run = |(clients, max, letters, depth, settle)| Run {
         settle,
@@ -122,7 +123,7 @@ fn mutant_by_hand() -> Option<Mutant> {
 /// can, the lock's and the clients' leases, and a depth past its shortest trace. (A
 /// lock lease of 1 s under the clients' 12 s is the lowered lease of issue #41's first
 /// finding, and puts the controller's expiry before the holder's first renewal.)
-const MUTANTS: [(Mutant, &str, (i32, i32), usize); 12] = [
+const MUTANTS: [(Mutant, &str, (i32, i32), usize); 15] = [
     (Mutant::PodGoneAsStopped, "p", (4, 8), 8),
     (Mutant::ForgedAsReleased, "n", (4, 8), 8),
     (Mutant::DeletedClaimFreesAtOnce, "d", (4, 8), 8),
@@ -135,6 +136,9 @@ const MUTANTS: [(Mutant, &str, (i32, i32), usize); 12] = [
     (Mutant::NoTokenEpoch, "l", (4, 8), 10),
     (Mutant::QueuedWithoutLease, "r", (1, 12), 9),
     (Mutant::StampTrusted, "s", (4, 8), 3),
+    (Mutant::StatusWithoutVersion, "c", (4, 8), 6),
+    (Mutant::StrayWithoutRead, "u", (4, 8), 8),
+    (Mutant::DirectGrantBeforeStored, "", (4, 8), 3),
 ];
 
 /// The mutants to look for: [`MUTANTS`], or the one `LEASEHOLD_MUTANT` names within
