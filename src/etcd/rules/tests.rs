@@ -1,6 +1,8 @@
-//! The etcd rules: examples, then a model of etcd, pods and processes driven by random
-//! events, checking after each step that no more processes act as holders than
-//! `maxHolders` allows and that the controller never deletes a key whose process may run.
+//! The etcd rules: examples, then a model of etcd, pods, processes and time driven by
+//! random events, checking after each step that no more processes act as holders than
+//! `maxHolders` allows, that the controller never deletes a key whose process may run,
+//! and that no held-back key's controller lease runs out while its process may act,
+//! whatever the lock's lease was when the claim was made and is now.
 
 use proptest::prelude::*;
 
@@ -9,8 +11,12 @@ use super::*;
 const LOCK_LEASE: i32 = 10;
 
 fn spec(max_holders: i32) -> DistributedLockSpec {
+    spec_with(max_holders, LOCK_LEASE)
+}
+
+fn spec_with(max_holders: i32, lease: i32) -> DistributedLockSpec {
     DistributedLockSpec {
-        lease_duration_seconds: LOCK_LEASE,
+        lease_duration_seconds: lease,
         max_holders,
         backend: None,
         max_queue: None,
@@ -201,9 +207,18 @@ enum Event {
     PodGone { pod: usize, graceful: bool },
     /// The process of the j-th claim notices its key moved or gone, and stops.
     Notices(usize),
-    /// A held-back key's controller lease runs out. By then its process has stopped
-    /// (the timing rule proved in `protocol::timing`): the model stops it first.
+    /// A held-back key's controller lease runs out, once its TTL has passed; its process
+    /// must have stopped by then.
     HoldBackEnds(usize),
+    /// The process of the j-th claim renews: its key still on its own lease (checked
+    /// first), its lease kept alive; it may act a claim lease from now.
+    Renew(usize),
+    /// Time jumps to the next deadline (a process's last moment to act, a held-back
+    /// key's expiry); a process whose renewals ran out stops (its client's rule).
+    Tick,
+    /// The lock's lease is lowered from [`HIGH_LEASE`] to [`LOW_LEASE`] (claims made
+    /// before keep the lease they were made with).
+    LowerLease,
     /// The controller mirrors and applies its actions.
     Controller,
 }
@@ -217,6 +232,9 @@ fn event() -> impl Strategy<Value = Event> {
         1 => any::<usize>().prop_map(Event::Notices),
         1 => any::<usize>().prop_map(Event::HoldBackEnds),
         3 => Just(Event::Controller),
+        2 => any::<usize>().prop_map(Event::Renew),
+        3 => Just(Event::Tick),
+        1 => Just(Event::LowerLease),
     ]
 }
 
@@ -226,7 +244,13 @@ struct Process {
     uid: String,
     running: bool,
     holding: bool,
+    /// Until when it may act without another renewal.
+    until: i64,
 }
+
+/// The lock's lease before and after [`Event::LowerLease`], in seconds.
+const HIGH_LEASE: i32 = 4;
+const LOW_LEASE: i32 = 1;
 
 #[derive(Clone, Debug, Default)]
 struct Model {
@@ -237,9 +261,29 @@ struct Model {
     pods: [Option<String>; PODS],
     stopped: StoppedPods,
     incarnation: usize,
+    /// Seconds since the start.
+    now: i64,
+    /// The lock's lease was lowered.
+    lowered: bool,
+    /// When each held-back key's controller lease runs out.
+    expiries: BTreeMap<String, i64>,
 }
 
 impl Model {
+    /// The next moment something is due: a running process's last moment to act, or a
+    /// held-back key's expiry.
+    fn next_deadline(&self) -> Option<i64> {
+        let acting = self.procs.iter().filter(|p| p.running).map(|p| p.until);
+        acting
+            .chain(self.expiries.values().copied())
+            .filter(|t| *t > self.now)
+            .min()
+    }
+
+    fn lease(&self) -> i32 {
+        if self.lowered { LOW_LEASE } else { HIGH_LEASE }
+    }
+
     fn pod_views(&self) -> BTreeMap<String, PodView> {
         let live = self.pods.iter().enumerate();
         live.filter_map(|(i, uid)| {
@@ -265,13 +309,15 @@ impl Model {
                 self.revision += 1;
                 let claim = format!("c{}", self.revision);
                 let mut k = key(&claim, self.revision, &format!("p{pod}"));
-                k.value.as_mut().unwrap().pod_uid = uid.clone();
+                let value = k.value.as_mut().unwrap();
+                (value.pod_uid, value.lease_seconds) = (uid.clone(), self.lease());
                 self.keys.push(k);
                 self.procs.push(Process {
                     claim,
                     uid,
                     running: true,
                     holding: false,
+                    until: self.now + i64::from(self.lease()),
                 });
             }
             Event::Check => {
@@ -329,18 +375,49 @@ impl Model {
                 let Some(k) = self.keys.get(j % self.keys.len().max(1)) else {
                     return;
                 };
-                if k.value.as_ref().is_some_and(|v| v.held_back.is_some()) {
-                    let claim = k.claim.clone();
-                    for p in self.procs.iter_mut().filter(|p| p.claim == claim) {
-                        p.running = false;
-                    }
+                let claim = k.claim.clone();
+                if self.expiries.get(&claim).is_some_and(|at| *at <= self.now) {
+                    let acting = self.procs.iter().find(|p| p.claim == claim && p.running);
+                    assert!(
+                        acting.is_none(),
+                        "the held-back key of {claim} went at {}s while its process may act until {}s",
+                        self.now,
+                        acting.map_or(0, |p| p.until)
+                    );
                     self.keys.retain(|k| k.claim != claim);
+                    self.expiries.remove(&claim);
                 }
             }
+            Event::Renew(j) => {
+                let n = self.procs.len().max(1);
+                let Some(p) = self.procs.get(j % n) else { return };
+                let on_own_lease =
+                    |k: &&KeyView| k.claim == p.claim && k.value.as_ref().is_some_and(|v| v.held_back.is_none());
+                let Some(lease) = self
+                    .keys
+                    .iter()
+                    .find(on_own_lease)
+                    .map(|k| k.value.as_ref().unwrap().lease_seconds)
+                else {
+                    return;
+                };
+                if p.running {
+                    self.procs[j % n].until = self.now + i64::from(lease);
+                }
+            }
+            Event::Tick => {
+                let Some(next) = self.next_deadline() else { return };
+                self.now = next;
+                let now = self.now;
+                for p in self.procs.iter_mut().filter(|p| p.until <= now) {
+                    p.running = false;
+                }
+            }
+            Event::LowerLease => self.lowered = true,
             Event::Controller => {
                 let m = mirror(
                     &self.keys,
-                    &spec(max_holders),
+                    &spec_with(max_holders, self.lease()),
                     &Default::default(),
                     &self.pod_views(),
                     &self.stopped,
@@ -366,8 +443,10 @@ impl Model {
                 claim,
                 mod_revision,
                 value,
+                ttl_seconds,
                 ..
             } => {
+                self.expiries.insert(claim.clone(), self.now + ttl_seconds);
                 self.revision += 1;
                 let rev = self.revision;
                 if let Some(k) = self
@@ -408,8 +487,12 @@ proptest! {
         for p in m.procs.iter_mut() { p.running = false; }
         for i in 0..PODS { m.step(&Event::PodGone { pod: i, graceful: false }, max_holders); }
         m.step(&Event::Controller, max_holders);
-        while let Some(j) = m.keys.iter().position(|k| k.value.as_ref().is_some_and(|v| v.held_back.is_some())) {
-            m.step(&Event::HoldBackEnds(j), max_holders);
+        loop {
+            while let Some(j) = m.keys.iter().position(|k| m.expiries.get(&k.claim).is_some_and(|at| *at <= m.now)) {
+                m.step(&Event::HoldBackEnds(j), max_holders);
+            }
+            if m.next_deadline().is_none() { break; }
+            m.step(&Event::Tick, max_holders);
         }
         prop_assert!(m.keys.is_empty(), "keys left behind: {:?}", m.keys);
     }
@@ -435,7 +518,15 @@ impl crate::bfs::Machine for Bounded {
                 .map(move |pod| Event::PodGone { pod, graceful })
         };
         out.extend(gone(true).chain(gone(false)));
-        out.extend((0..m.keys.len()).map(Event::HoldBackEnds));
+        let due = |j: &usize| m.expiries.get(&m.keys[*j].claim).is_some_and(|at| *at <= m.now);
+        out.extend((0..m.keys.len()).filter(due).map(Event::HoldBackEnds));
+        out.extend((0..m.procs.len()).filter(|j| m.procs[*j].running).map(Event::Renew));
+        if m.next_deadline().is_some() {
+            out.push(Event::Tick);
+        }
+        if !m.lowered {
+            out.push(Event::LowerLease);
+        }
         out
     }
     fn take(&mut self, e: &Event) {
@@ -449,16 +540,22 @@ impl crate::bfs::Machine for Bounded {
 
 #[test]
 fn every_interleaving_within_the_bound_keeps_the_etcd_rules() {
-    for (claims, max_holders, depth) in [(3, 1, 10), (3, 2, 9)] {
+    for (claims, max_holders, depth) in [(3, 1, 8), (3, 2, 8)] {
         let start = Bounded(Model::default(), claims, max_holders);
         let covered = crate::bfs::explore(start, depth).unwrap_or_else(|found| panic!("{found}"));
         println!("etcd rules, {claims} claims, maxHolders {max_holders}, depth {depth}: {covered:?}");
         assert!(covered.states > 1000, "the bound explores too little: {covered:?}");
     }
-    // The etcd rules share the one rule for when a pod's process has stopped: put back
-    // the bug of taking a pod object gone for its process stopped, and it is found.
-    let _on = crate::mutant::mutate(crate::mutant::Mutant::PodGoneAsStopped);
-    let found = crate::bfs::explore(Bounded(Model::default(), 3, 1), 10);
-    let found = found.expect_err("PodGoneAsStopped put back and not found");
-    println!("etcd rules, PodGoneAsStopped found:\n{found}");
+    // The etcd rules share the one rule for when a pod's process has stopped, and the
+    // one for how long a revoked holder's key is kept: put back the bug of taking a pod
+    // object gone for its process stopped, or of keeping the key by the lock's lease
+    // alone (short once the lock's lease is lowered below the claim's), and it is found.
+    use crate::mutant::Mutant::{HoldBackBySpecLease, PodGoneAsStopped};
+    for bug in [PodGoneAsStopped, HoldBackBySpecLease] {
+        let _on = crate::mutant::mutate(bug);
+        let found = crate::bfs::explore(Bounded(Model::default(), 3, 1), 10);
+        let found = found.expect_err("put back and not found");
+        assert!(found.trace.starts_with("   1. "), "{bug:?}: no trace in {found}");
+        println!("etcd rules, {bug:?} found:\n{found}");
+    }
 }
