@@ -61,6 +61,8 @@ pub mod kubeconfig;
 mod mock_api;
 mod mutant;
 pub mod protocol;
+#[cfg(test)]
+mod tidy;
 
 #[doc(hidden)]
 pub mod check;

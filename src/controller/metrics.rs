@@ -111,91 +111,86 @@ struct LockSeries {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let grants = Family::<LockLabels, Counter>::default();
-        let revocations = Family::<ReasonLabels, Counter>::default();
-        let queue_depth = Family::<LockLabels, Gauge>::default();
-        let wait_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 16));
-        let hold_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 20));
-        let handoff_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
-        let reconcile_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
-        let errors = Family::<CategoryLabels, Counter>::default();
-        let events_suppressed = Counter::default();
-        let notices = Family::<CategoryLabels, Counter>::default();
-        let direct_grants = Counter::default();
-        let successors_waiting = Gauge::default();
+        let mut r = Registry::with_prefix("leasehold");
         let build_info = Family::<BuildLabels, Gauge>::default();
-        build_info
-            .get_or_create(&BuildLabels {
-                version: env!("CARGO_PKG_VERSION").into(),
-                revision: REVISION.into(),
-            })
-            .set(1);
-        let leader = Gauge::default();
-        let admission_enforced = Family::<CategoryLabels, Gauge>::default();
-        let mut registry = Registry::with_prefix("leasehold");
-        registry.register("build_info", "The running build (always 1)", build_info);
-        registry.register("leader", "1 while this replica leads, else 0", leader.clone());
-        registry.register("grants", "Grants made", grants.clone());
-        registry.register("revocations", "Grants revoked, by reason", revocations.clone());
-        registry.register("queue_depth", "Claims waiting for the lock", queue_depth.clone());
-        registry.register("wait_seconds", "Seconds from queueing to grant", wait_seconds.clone());
-        registry.register(
-            "hold_seconds",
-            "Seconds from grant to release or revocation",
-            hold_seconds.clone(),
-        );
-        registry.register(
-            "handoff_seconds",
-            "Seconds from a seen release to the next grant written",
-            handoff_seconds.clone(),
-        );
-        registry.register("reconcile_seconds", "Seconds per reconcile", reconcile_seconds.clone());
-        registry.register("errors", "Reconcile errors by category", errors.clone());
-        registry.register(
-            "events_suppressed",
-            "Normal events not published: over the event budget",
-            events_suppressed.clone(),
-        );
-        registry.register(
-            "release_notices",
-            "Release notices taken over HTTP, by answer (category)",
-            notices.clone(),
-        );
-        registry.register(
-            "direct_grants",
-            "Successors told of their grant directly, before its status write",
-            direct_grants.clone(),
-        );
-        registry.register(
-            "successors_waiting",
-            "Designated successors waiting at this replica to be told of their grant",
-            successors_waiting.clone(),
-        );
-        registry.register(
-            "admission_enforced",
-            "1 when the API server enforces the admission webhook (a dry-run claim it must refuse was refused), 0 when not",
-            admission_enforced.clone(),
-        );
+        let build = BuildLabels {
+            version: env!("CARGO_PKG_VERSION").into(),
+            revision: REVISION.into(),
+        };
+        build_info.get_or_create(&build).set(1);
+        r.register("build_info", "The running build (always 1)", build_info);
+        let buckets = |start, n| Histogram::new(exponential_buckets(start, 2.0, n));
         Metrics {
-            admission_enforced,
-            notices,
-            direct_grants,
-            successors_waiting,
-            grants,
-            revocations,
-            queue_depth,
-            wait_seconds,
-            hold_seconds,
-            handoff_seconds,
-            reconcile_seconds,
-            errors,
-            events_suppressed,
-            leader,
+            leader: add(&mut r, "leader", "1 while this replica leads, else 0", Gauge::default()),
+            grants: add(&mut r, "grants", "Grants made", Family::default()),
+            revocations: add(&mut r, "revocations", "Grants revoked, by reason", Family::default()),
+            queue_depth: add(&mut r, "queue_depth", "Claims waiting for the lock", Family::default()),
+            wait_seconds: add(
+                &mut r,
+                "wait_seconds",
+                "Seconds from queueing to grant",
+                buckets(0.01, 16),
+            ),
+            hold_seconds: add(
+                &mut r,
+                "hold_seconds",
+                "Seconds from grant to release or revocation",
+                buckets(0.01, 20),
+            ),
+            handoff_seconds: add(
+                &mut r,
+                "handoff_seconds",
+                "Seconds from a seen release to the next grant written",
+                buckets(0.001, 16),
+            ),
+            reconcile_seconds: add(
+                &mut r,
+                "reconcile_seconds",
+                "Seconds per reconcile",
+                buckets(0.0005, 16),
+            ),
+            errors: add(&mut r, "errors", "Reconcile errors by category", Family::default()),
+            events_suppressed: add(
+                &mut r,
+                "events_suppressed",
+                "Normal events not published: over the event budget",
+                Counter::default(),
+            ),
+            notices: add(
+                &mut r,
+                "release_notices",
+                "Release notices taken over HTTP, by answer (category)",
+                Family::default(),
+            ),
+            direct_grants: add(
+                &mut r,
+                "direct_grants",
+                "Successors told of their grant directly, before its status write",
+                Counter::default(),
+            ),
+            successors_waiting: add(
+                &mut r,
+                "successors_waiting",
+                "Designated successors waiting at this replica to be told of their grant",
+                Gauge::default(),
+            ),
+            admission_enforced: add(
+                &mut r,
+                "admission_enforced",
+                "1 when the API server enforces the admission webhook (a dry-run claim it must refuse was refused), 0 when not",
+                Family::default(),
+            ),
             ready: AtomicBool::new(false),
             locks: Mutex::default(),
-            registry,
+            registry: r,
         }
     }
+}
+
+/// `metric`, registered in `r` as `name` with `help`.
+fn add<M: prometheus_client::registry::Metric + Clone>(r: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    r.register(name, help, metric.clone());
+    metric
 }
 
 impl Metrics {
