@@ -67,6 +67,17 @@ clean_lock() {
   reset_log
 }
 
+# timeline T0_NS LOCK POD: what the leading controller logged about LOCK and what POD
+# logged, after T0 (printed when a step took longer than its bound).
+timeline() {
+  local since; since=$(( ($(now_ns) - $1) / 1000000000 + 5 ))s
+  echo "--- t0 = $(date -u -d "@$(( $1 / 1000000000 )).$(printf '%09d' $(( $1 % 1000000000 )))" +%H:%M:%S.%3N)"
+  echo "--- the leader's log about $2"
+  k logs -n "$SYSNS" "$(leader)" --since="$since" 2>&1 | grep -F "$2" | tail -40
+  echo "--- $3's log"
+  k logs -n "$NS" "$3" --since="$since" 2>&1 | tail -20
+}
+
 # The holder's node (not the leading controller's) is cut off from the API server and
 # the other nodes, its pod still running: its CMD stops by its deadline, the next holder
 # (on another node) starts only after that, within the lease, the expiry grace and a
@@ -94,7 +105,7 @@ fault_partition() {
   local bound=$(( (lease + 2 + 5) * 1000 )) # lease + EXPIRY_GRACE + a few seconds
   echo "  partition -> old CMD stopped: $(ms_since "$t0" "$t_term") ms; -> next CMD started: $(ms_since "$t0" "$t_next") ms (bound $bound ms)"
   [ "$t_term" -lt "$t_next" ] || fail "the next holder started before the partitioned one stopped; the log has: $(cat "$HOST_LOG_DIR/log")"
-  [ "$(ms_since "$t0" "$t_next")" -le "$bound" ] || fail "the lock took longer than $bound ms to move on"
+  [ "$(ms_since "$t0" "$t_next")" -le "$bound" ] || { timeline "$t0" part part-b; fail "the lock took longer than $bound ms to move on"; }
   check_log partition
   node_heal "$hn"
   within 120 "$hn did not become Ready again after the partition healed" is True ready "$hn"
