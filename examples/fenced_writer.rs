@@ -2,7 +2,8 @@
 //! "storage" (a file here) that rejects writes carrying a stale fencing token, and
 //! stops as soon as the grant is lost.
 //!
-//! Run it in a pod (POD_NAME, POD_NAMESPACE, POD_UID from the downward API), or
+//! Run it in a pod (it knows its pod from its service-account token, or from POD_NAME,
+//! POD_NAMESPACE, POD_UID), or
 //! locally against `leasehold dev --controller` with those variables set by hand:
 //! `cargo run --example fenced_writer -- my-lock /tmp/store`. The controller grants
 //! only claims of live pods, so outside a pod a Pod object named `$POD_NAME` with uid

@@ -1,6 +1,7 @@
 //! `leasehold run --lock NAME -- CMD`: run CMD while holding the lock.
 //!
-//! CMD gets `LEASEHOLD_LOCK`, `LEASEHOLD_NAMESPACE` and `LEASEHOLD_FENCING_TOKEN`.
+//! CMD gets `LEASEHOLD_LOCK`, `LEASEHOLD_NAMESPACE`, `LEASEHOLD_POD` (the pod its claim
+//! names) and `LEASEHOLD_FENCING_TOKEN`.
 //! SIGTERM/SIGINT are forwarded to it; when it exits the lock is released (a failed
 //! release is retried; if it still fails, the claim expires) and its exit status
 //! becomes ours. Our own failures exit 125; a lock not granted (`--timeout`, `--try`)
@@ -72,7 +73,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (mut cmd, pending) = crate::supervise::pending_command(&crate::supervise::self_exe()?, program.clone())?;
     cmd.args(rest)
         .env("LEASEHOLD_LOCK", &args.lock)
-        .env("LEASEHOLD_NAMESPACE", &namespace);
+        .env("LEASEHOLD_NAMESPACE", &namespace)
+        .env("LEASEHOLD_POD", &lock.identity().name);
     // Anything of CMD's that outlives its supervisor (killed itself, or unable to kill
     // the tree in time) is re-parented to us, and killed before the release.
     nix::sys::prctl::set_child_subreaper(true)?;

@@ -13,7 +13,7 @@ use super::claim::{Backend, Mode, Request};
 use super::guard::{Guard, Held};
 use super::k8s::Kube;
 use super::progress::{Listener, WaitEvent};
-use super::{Error, WaitStatus, identity_from_env};
+use super::{Error, WaitStatus, identity};
 use crate::api::DistributedLock;
 use crate::protocol::PodIdentity;
 
@@ -52,7 +52,7 @@ pub struct LockBuilder {
 // === impl LockBuilder ===
 
 impl LockBuilder {
-    /// Use this identity instead of `POD_NAME`/`POD_UID` from the environment.
+    /// Use this identity instead of the one the pod tells ([`identity::from_pod`]).
     pub fn identity(mut self, identity: PodIdentity) -> Self {
         self.identity = Some(identity);
         self
@@ -92,7 +92,7 @@ impl LockBuilder {
         }
         let identity = match self.identity {
             Some(id) => id,
-            None => identity_from_env(&self.namespace)?,
+            None => identity::from_pod(&self.namespace)?,
         };
         if identity.namespace != self.namespace {
             return Err(Error::CrossNamespace {
@@ -116,9 +116,15 @@ impl LockBuilder {
 // === impl Lock ===
 
 impl Lock {
-    /// A handle on lock `name` in `namespace`, identity from the environment.
+    /// A handle on lock `name` in `namespace`, identity from the pod ([`identity::from_pod`]).
     pub fn new(client: Client, namespace: &str, name: &str) -> Result<Self, Error> {
         Self::builder(client, namespace, name).build()
+    }
+
+    /// The pod this handle claims for (from the environment or the pod's token, or
+    /// as given to [`LockBuilder::identity`]).
+    pub fn identity(&self) -> &PodIdentity {
+        &self.identity
     }
 
     /// A builder for a handle with options.

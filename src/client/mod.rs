@@ -6,7 +6,7 @@
 //! use leasehold::client::Lock;
 //!
 //! let client = kube::Client::try_default().await?;
-//! // Identity from the downward API: POD_NAME, POD_NAMESPACE, POD_UID.
+//! // Identity: POD_NAME, POD_NAMESPACE, POD_UID if set, else the pod's token (`identity`).
 //! let lock = Lock::new(client, "default", "db-migration")?;
 //! let guard = lock.acquire().await?; // waits its turn (FIFO), woken by a watch
 //! let token = guard.fencing_token(); // hand this to the storage you write to
@@ -20,11 +20,14 @@
 //!
 //! Files: `lock` (acquire, try, timeout, reentrancy; picks the backend), `claim` (the
 //! seam a backend plugs into), `session` (renewals and deadlines, the sources of
-//! loss), `guard` (the held grant), `progress` (what a waiter hears), and a folder per
+//! loss), `guard` (the held grant), `progress` (what a waiter hears), `identity` (which
+//! pod this is: its variables, else its service-account token), and a folder per
 //! backend: `k8s/` (claims are Leases) and `etcd/` (claims are etcd keys).
 //!
-//! A pod needs the downward API in its env and RBAC to create and patch leases and
-//! get/list/watch distributedlocks (see `examples/rbac.yaml`):
+//! A pod needs RBAC to create and patch leases and get/list/watch distributedlocks (see
+//! `examples/rbac.yaml`), and knows its pod from its service-account token on
+//! Kubernetes ≥ 1.21 ([`identity`]). Where tokens do not name their pod (older
+//! clusters, legacy token Secrets), give it the downward API:
 //!
 //! ```yaml
 //! env:
@@ -37,6 +40,7 @@ mod claim;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 mod guard;
+pub mod identity;
 pub(crate) mod k8s;
 mod lock;
 mod progress;
@@ -49,13 +53,13 @@ pub use lock::{Lock, LockBuilder, TRY_ACQUIRE_TIMEOUT};
 pub use progress::{UNQUEUED_NOTICE, WaitEvent};
 pub use session::{LostReason, State};
 
-use crate::protocol::PodIdentity;
-
 /// Errors of the client, each naming the action that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The process's pod identity is incomplete.
-    #[error("missing pod identity: set {0} (the downward API gives it; see the client docs)")]
+    #[error(
+        "missing pod identity: set {0} (the downward API gives it), or run where the pod's service-account token names its pod (Kubernetes >= 1.21)"
+    )]
     MissingIdentity(&'static str),
     /// Claims must live in their pod's namespace (owner references cannot cross namespaces).
     #[error("lock namespace {lock} differs from the pod's namespace {pod}: a pod can only lock in its own namespace")]
@@ -138,23 +142,4 @@ pub struct WaitStatus {
     pub position: usize,
     /// Pods holding the lock now.
     pub holders: Vec<String>,
-}
-
-/// The pod identity from `POD_NAME` and `POD_UID` (namespace: `POD_NAMESPACE`, else
-/// `default_namespace`).
-pub fn identity_from_env(default_namespace: &str) -> Result<PodIdentity, Error> {
-    let var = |k: &'static str| {
-        std::env::var(k)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .ok_or(Error::MissingIdentity(k))
-    };
-    Ok(PodIdentity {
-        name: var("POD_NAME")?,
-        namespace: std::env::var("POD_NAMESPACE")
-            .ok()
-            .filter(|v| !v.is_empty())
-            .unwrap_or(default_namespace.into()),
-        uid: var("POD_UID")?,
-    })
 }

@@ -45,8 +45,15 @@ pub fn etcd_endpoint(kubeconfig: &Path) -> std::io::Result<String> {
 }
 
 /// The kube-controller-manager controllers run by default: enough for garbage
-/// collection of claims, namespace deletion and ServiceAccount tokens.
-pub const DEFAULT_CONTROLLERS: &str = "garbagecollector,namespace,serviceaccount-token,serviceaccount";
+/// collection of claims, namespace deletion, ServiceAccount tokens and the root CA each
+/// pod's bound token volume mounts.
+pub const DEFAULT_CONTROLLERS: &str =
+    "garbagecollector,namespace,serviceaccount-token,serviceaccount,root-ca-cert-publisher";
+
+/// Feature gates of the API server and kube-controller-manager: pods get bound
+/// service-account tokens (which name their pod) as on Kubernetes >= 1.21, the default
+/// there; v1.20, the newest built here, has them behind this gate.
+const FEATURE_GATES: &str = "--feature-gates=BoundServiceAccountTokenVolume=true";
 
 /// How a control plane is laid out.
 #[derive(Clone, Debug)]
@@ -249,6 +256,7 @@ impl ControlPlane {
             "--root-ca-file".into(),
             certs.join("apiserver.crt").to_string_lossy().into_owned(),
             "--leader-elect=false".into(),
+            FEATURE_GATES.into(),
             "--secure-port=0".into(),
             "--port=0".into(),
         ];
@@ -310,6 +318,7 @@ impl ControlPlane {
             // cluster's API server reaches them through its own.
             "--enable-aggregator-routing=true",
             "--profiling=true",
+            FEATURE_GATES,
         ];
         self.spawn(leasehold, "kube-apiserver", &bin.join("kube-apiserver"), &args)?;
         let client = crate::kubeconfig::client_for(&self.kubeconfig)

@@ -78,7 +78,7 @@ up() {
 
   step "control plane on $HOST_IP: leasehold dev (nodeipam allocates podCIDRs from $CLUSTER_CIDR), kube-scheduler"
   detach "$W/dev" "$CARGO_TARGET_DIR/debug/leasehold" dev --address "$HOST_IP" --cluster-cidr "$CLUSTER_CIDR" \
-    --kcm-controllers garbagecollector,namespace,serviceaccount-token,serviceaccount,deployment,replicaset,job,nodelifecycle,podgc,nodeipam,endpoint
+    --kcm-controllers garbagecollector,namespace,serviceaccount-token,serviceaccount,root-ca-cert-publisher,deployment,replicaset,job,nodelifecycle,podgc,nodeipam,endpoint
   until_ok 300 grep -q '^KUBECONFIG=' "$W/dev.log" || die "leasehold dev did not start: $(tail "$W/dev.log")"
   cp "$(sed -n 's/^KUBECONFIG=//p' "$W/dev.log")" "$W/kubeconfig"
   detach "$W/scheduler" "$BIN/kube-scheduler" --kubeconfig "$W/kubeconfig" --leader-elect=false --port 0 --secure-port 0

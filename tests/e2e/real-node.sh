@@ -65,7 +65,7 @@ trap 'exit 130' INT TERM
 
 step "control plane (leasehold dev) with workload and node-lifecycle controllers"
 "$LEASEHOLD" dev --die-with-parent \
-  --kcm-controllers garbagecollector,namespace,serviceaccount-token,serviceaccount,deployment,replicaset,job,nodelifecycle,podgc,endpoint \
+  --kcm-controllers garbagecollector,namespace,serviceaccount-token,serviceaccount,root-ca-cert-publisher,deployment,replicaset,job,nodelifecycle,podgc,endpoint \
   > "$W/dev.out" 2> "$W/dev.err" &
 DEV_PID=$!
 ( within 300 "leasehold dev did not start" grep -q '^KUBECONFIG=' "$W/dev.out" ) || { tail -20 "$W/dev.err"; exit 1; }

@@ -69,7 +69,9 @@ other_than() {
 
 # pod_spec RESTART LOCK SCRIPT [COMMAND]: a pod spec running `leasehold run --lock LOCK`
 # with SCRIPT as CMD (or COMMAND, a JSON list, with SCRIPT as its argument); $OUT is
-# where the script writes its `start|end|term <token> <pod> <ns-time>` lines.
+# where the script writes its `start|end|term <token> <pod> <ns-time>` lines. No identity
+# in the env: the client knows its pod from its bound service-account token (issued as
+# on Kubernetes >= 1.21), and tells CMD (LEASEHOLD_POD).
 pod_spec() {
   local restart=$1 lock=$2 script=$3 out=/dev/stdout mount=""
   local command=${4:-"[\"leasehold\", \"run\", \"--lock\", \"$lock\", \"--\", \"sh\", \"-c\"]"}
@@ -91,9 +93,6 @@ ${POD_EXTRAS:-}
           args: ['$script']
 ${mount}          env:
             - { name: OUT, value: "$out" }
-            - { name: POD_NAME, valueFrom: { fieldRef: { fieldPath: metadata.name } } }
-            - { name: POD_NAMESPACE, valueFrom: { fieldRef: { fieldPath: metadata.namespace } } }
-            - { name: POD_UID, valueFrom: { fieldRef: { fieldPath: metadata.uid } } }
 ${ENV_EXTRAS:-}
 YAML
   if [ "$LOG_MODE" = hostpath ]; then
@@ -108,7 +107,7 @@ started_at() { awk -v p="$1" '$1 == "start" && $3 == p { print $4; exit }' "$HOS
 # has_started POD: POD's CMD has written its `start` line (else say what the log has).
 has_started() { [ -n "$(started_at "$1")" ] || { echo "no start of $1 in the log: $(tail -5 "$HOST_LOG_DIR/log")"; return 1; }; }
 
-line() { echo "echo $1 \$LEASEHOLD_FENCING_TOKEN \$POD_NAME \$(date +%s%N) >> \$OUT"; }
+line() { echo "echo $1 \$LEASEHOLD_FENCING_TOKEN \$LEASEHOLD_POD \$(date +%s%N) >> \$OUT"; }
 
 install_chart() {
   step "helm install: 2 controller replicas with leader election, the admission webhook (the defaults), image $IMAGE"
