@@ -4,6 +4,7 @@ mod cluster;
 pub mod completions;
 mod controller;
 mod dev;
+pub mod ready;
 pub mod run;
 pub(crate) mod status;
 

@@ -9,7 +9,9 @@
 //! after the safety margin, SIGKILL — so it is dead before the lease could run out. CMD runs under
 //! `leasehold guard --supervise` ([`crate::supervise`]) in a process group of its own:
 //! signals reach its whole group, and its whole process tree dies when it exits, when
-//! the grant is lost, and with us even if we are killed by SIGKILL.
+//! the grant is lost, and with us even if we are killed by SIGKILL. With
+//! `--ready-port`, a readiness endpoint tells whether CMD runs under the grant
+//! ([`super::ready`]).
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -20,6 +22,7 @@ use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::ClusterArgs;
+use super::ready::Ready;
 use tokio::process::Child;
 
 use crate::client::{Error as ClientError, Guard, Lock, WaitEvent};
@@ -56,6 +59,11 @@ pub struct RunArgs {
     /// `flock -E`); `--timeout-exit-code 0` lets a CronJob skip a run quietly.
     #[arg(long, value_name = "N", default_value_t = EXIT_TIMEOUT)]
     pub timeout_exit_code: u8,
+    /// Serve HTTP on this port (all addresses): 200 while this process holds the lock
+    /// and runs CMD, 503 before and after. For a `readinessProbe` (`httpGet`): behind a
+    /// Service, only the holder is Ready and gets traffic.
+    #[arg(long, value_name = "PORT")]
+    pub ready_port: Option<u16>,
     /// Which cluster.
     #[command(flatten)]
     pub cluster: ClusterArgs,
@@ -67,6 +75,10 @@ pub struct RunArgs {
 /// Acquire, run CMD, release; returns CMD's exit status (or 75 / 76).
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (lock, namespace) = handle(&args).await?;
+    let ready = match args.ready_port {
+        Some(port) => Some(serve_ready(port).await?),
+        None => None,
+    };
     // The supervisor is started now and waits: a process start costs milliseconds,
     // which belong to the wait, not to the handoff.
     let (program, rest) = args.command.split_first().expect("clap requires a command");
@@ -104,6 +116,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let pid = Pid::from_raw(child.id().expect("a just-spawned child has a pid") as i32);
+    ready.iter().for_each(|r| r.set(true));
     let code = match watch_command(&mut child, pid, &mut started, &guard).await? {
         // The supervisor saw CMD end with nothing of its tree left (it is a subreaper:
         // nothing of CMD's can be anywhere but below it) and is only exiting now:
@@ -127,11 +140,23 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             crate::supervise::exit_status(status)
         }
         Ended::Lost => {
+            ready.iter().for_each(|r| r.set(false));
             stop_on_loss((&mut child, pid), guard, &args.lock).await;
             EXIT_LOST
         }
     };
     Ok(ExitCode::from(code))
+}
+
+/// The readiness endpoint on `port` of every address (IPv6 and IPv4, else IPv4 alone).
+async fn serve_ready(port: u16) -> anyhow::Result<Ready> {
+    let any6 = (std::net::Ipv6Addr::UNSPECIFIED, port).into();
+    match Ready::serve(any6).await {
+        Ok(r) => Ok(r),
+        Err(_) => Ready::serve((std::net::Ipv4Addr::UNSPECIFIED, port).into())
+            .await
+            .map_err(|e| anyhow::anyhow!("serving readiness on port {port} (--ready-port): {e}")),
+    }
 }
 
 /// The lock handle `args` name, and its namespace.

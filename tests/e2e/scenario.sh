@@ -250,6 +250,83 @@ YAML
   fi
 }
 
+# ready_pods: the READY condition of each pod of app=lead, as "pod=True pod=False".
+ready_pods() {
+  k get pods -n "$NS" -l app=lead -o jsonpath='{range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status} {end}'
+}
+# routed: the pods the Service `lead` routes to (its ready endpoints).
+routed() { k get endpoints -n "$NS" lead -o jsonpath='{.subsets[*].addresses[*].targetRef.name}'; }
+lead_holder() { k get dlock -n "$NS" lead -o jsonpath='{.status.holders[0].pod}'; }
+# only_ready HOLDER: HOLDER alone is Ready and alone behind the Service.
+only_ready() {
+  local r="$1=True" p
+  for p in $(ready_pods); do
+    case "$p" in "$r") ;; *=True) echo "also Ready: $p ($(ready_pods))"; return 1 ;; esac
+  done
+  grep -qx -- "$r" <<<"$(ready_pods | tr ' ' '\n')" || { echo "the holder $1 is not Ready: $(ready_pods)"; return 1; }
+  [ "$(routed)" = "$1" ] || { echo "the Service routes to '$(routed)'"; return 1; }
+}
+
+# Leader election in a Deployment's style: two replicas (one Deployment each: on the real
+# node they share the host's network, so each gets its own port) run `leasehold run
+# --ready-port` with a readiness probe on it; only the holder is Ready and behind the
+# Service, and when it goes, the other is.
+only_the_holder_ready() {
+  step "only the holder is Ready: leasehold run --ready-port behind a readinessProbe and a Service"
+  { cat <<YAML
+apiVersion: leasehold.dev/v1alpha1
+kind: DistributedLock
+metadata: { name: lead }
+spec: { leaseDurationSeconds: 10 }
+---
+apiVersion: v1
+kind: Service
+metadata: { name: lead }
+spec:
+  selector: { app: lead }
+  ports: [{ name: ready, port: 8081, targetPort: ready }]
+YAML
+    local i port env=""
+    [ -z "${ENV_EXTRAS:-}" ] || env="          env:
+$ENV_EXTRAS"
+    for i in 1 2; do
+      port=$(( 18080 + i ))
+      cat <<YAML
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: { name: lead-$i }
+spec:
+  replicas: 1
+  selector: { matchLabels: { app: lead, replica: "r$i" } }
+  template:
+    metadata: { labels: { app: lead, replica: "r$i" } }
+    spec:
+      serviceAccountName: leasehold-client
+      terminationGracePeriodSeconds: 20
+${POD_EXTRAS:-}
+      containers:
+        - name: worker
+          image: $IMAGE
+          imagePullPolicy: Never
+          command: ["leasehold", "run", "--lock", "lead", "--ready-port", "$port", "--", "sh", "-c", "exec sleep 3600"]
+          ports: [{ name: ready, containerPort: $port }]
+          readinessProbe: { httpGet: { path: /, port: ready }, periodSeconds: 1, failureThreshold: 1 }
+${env}
+YAML
+    done; } | k apply -n "$NS" -f - >/dev/null
+  within 120 "nobody holds lock lead" other_than "" lead_holder
+  local first; first=$(lead_holder)
+  within 60 "not the holder alone is Ready and routed to" only_ready "$first"
+  echo "  holder $first alone Ready and behind the Service ($(ready_pods))"
+  k delete pod -n "$NS" "$first" --wait=false >/dev/null
+  within 90 "no new holder after deleting $first" other_than "$first" lead_holder
+  local next; next=$(lead_holder)
+  within 60 "after the handoff, not the new holder alone is Ready and routed to" only_ready "$next"
+  echo "  $first deleted -> $next alone Ready and behind the Service"
+  k delete deploy -n "$NS" lead-1 lead-2 --wait=false >/dev/null
+}
+
 kill_leader() {
   step "killing the leading controller pod: the other replica takes over"
   local leader new
@@ -267,6 +344,7 @@ run_scenario() {
   admission_confines_clients
   contention
   delete_holder
+  only_the_holder_ready
   kill_leader
   step "end-to-end scenario passed"
 }
