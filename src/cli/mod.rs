@@ -4,6 +4,7 @@ mod cluster;
 pub mod completions;
 mod controller;
 mod dev;
+pub mod install;
 pub mod ready;
 pub mod run;
 pub(crate) mod status;
@@ -44,6 +45,9 @@ pub enum Command {
     Dev(dev::DevArgs),
     /// Print a shell completion script: `source <(leasehold completions bash)`.
     Completions(completions::CompletionsArgs),
+    /// Copy this binary to DIR/leasehold: an initContainer's way of giving an image that
+    /// has none `leasehold run` (through a shared emptyDir).
+    Install(install::InstallArgs),
     /// Check a critical-section log (`start|end|term <token> <pod>` lines): mutual
     /// exclusion, strictly increasing tokens, optionally the expected order.
     #[command(hide = true)]
@@ -141,6 +145,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Controller(args) => controller::run(args).await?,
         Command::Dev(args) => dev::run(args).await?,
         Command::Completions(args) => print!("{}", completions::script(args.shell)),
+        Command::Install(args) => install::run(&args)?,
         Command::CheckLog {
             file,
             max_holders,

@@ -5,12 +5,15 @@
 # makes), and the runtime base is a local Debian minbase (no image can be pulled here).
 # Then run it once, and write it as a docker archive for `ctr images import`.
 #
-# usage: tests/e2e/build-image.sh NAME OUT.tar     (root; installs docker.io, debootstrap,
-#        musl-tools; starts dockerd if none runs, and stops it again)
+# With PLAIN.tar, also write the runtime base alone as docker.io/library/plain-app:e2e:
+# an application image that has never heard of leasehold (examples/any-image.yaml).
+#
+# usage: tests/e2e/build-image.sh NAME OUT.tar [PLAIN.tar]  (root; installs docker.io,
+#        debootstrap, musl-tools; starts dockerd if none runs, and stops it again)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/common.sh
-NAME=$1 OUT=$2
+NAME=$1 OUT=$2 PLAIN_OUT=${3:-}
 RUNTIME=leasehold-e2e-runtime:bookworm
 TARGET=x86_64-unknown-linux-musl
 
@@ -59,3 +62,11 @@ out=$(docker run --rm "$NAME" --version)
 [[ "$out" == "leasehold "* ]] || { echo "build-image: the image's binary said: $out" >&2; exit 1; }
 step "$NAME runs as 65532:65532 and says: $out"
 docker save -o "$OUT" "$NAME"
+if [ -n "$PLAIN_OUT" ]; then
+  docker tag "$RUNTIME" docker.io/library/plain-app:e2e
+  if docker run --rm plain-app:e2e sh -c 'command -v leasehold || ls /usr/local/bin/leasehold' >/dev/null 2>&1; then
+    echo "build-image: plain-app:e2e has a leasehold binary" >&2; exit 1
+  fi
+  step "plain-app:e2e: the runtime base alone, no leasehold in it"
+  docker save -o "$PLAIN_OUT" docker.io/library/plain-app:e2e
+fi

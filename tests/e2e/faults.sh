@@ -265,7 +265,7 @@ run_steps() {
   [ $# -gt 0 ] || set -- scenario fast-path upgrade partition node-lost
   for s in "$@"; do
     case "$s" in
-      scenario) admission_confines_clients; contention; delete_holder; only_the_holder_ready; kill_leader ;;
+      scenario) admission_confines_clients; contention; delete_holder; only_the_holder_ready; any_image; kill_leader ;;
       fast-path) fault_fast_path ;;
       upgrade) fault_rolling_upgrade ;;
       partition) fault_partition ;;

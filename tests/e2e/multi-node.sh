@@ -39,6 +39,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+apt_install python3-yaml # tests/e2e/example.py
 step "a 3-node cluster: tests/e2e/cluster.sh up 3"
 tests/e2e/cluster.sh up 3 > "/tmp/leasehold-cluster-up.out"
 export KUBECONFIG; KUBECONFIG=$(sed -n 's/^KUBECONFIG=//p' /tmp/leasehold-cluster-up.out)
@@ -46,9 +47,9 @@ rm -f /tmp/leasehold-cluster-up.out
 echo "cluster up after $(( $(date +%s) - started ))s"
 
 step "the leasehold image (docker build), loaded into every node (kind load's way: an archive per node)"
-tests/e2e/build-image.sh docker.io/library/leasehold:e2e "$W/leasehold.tar"
-tests/e2e/cluster.sh load "$W/leasehold.tar"
-rm -f "$W/leasehold.tar"
+tests/e2e/build-image.sh docker.io/library/leasehold:e2e "$W/leasehold.tar" "$W/plain.tar"
+tests/e2e/cluster.sh load "$W/leasehold.tar" "$W/plain.tar"
+rm -f "$W/leasehold.tar" "$W/plain.tar"
 
 IMAGE=leasehold:e2e
 NS=e2e
@@ -56,6 +57,7 @@ LOG_MODE=hostpath
 HOST_LOG_DIR=$W/shared
 POD_EXTRAS=""
 ENV_EXTRAS=""
+EXAMPLE_EXTRAS=()
 HELM_EXTRA=(--take-ownership "${SPREAD_REPLICAS[@]}")
 NODES=$(k get nodes -o jsonpath='{.items[*].metadata.name}')
 node_index() { echo "${1##*-}"; }

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/../.."
 [ "$(id -u)" = 0 ] || { echo "real-node.sh needs root (containerd, kubelet)" >&2; exit 2; }
 started=$(date +%s)
 
-pkgs=(containerd runc containernetworking-plugins busybox-static iproute2)
+pkgs=(containerd runc containernetworking-plugins busybox-static iproute2 python3-yaml)
 apt_install "${pkgs[@]}"
 step "provisioning kubelet and kube-scheduler too"
 BIN=$(scripts/provision-k8s.sh --node)
@@ -96,8 +96,8 @@ rootfs "$W/img/pause"
 tests/e2e/oci-image.py docker.io/library/pause:local "$W/img/pause" "$W/pause.tar" -- /bin/sh -c "trap 'exit 0' TERM; while true; do sleep 1; done"
 # The leasehold image from the Dockerfile, with a real Docker engine (the release recipe
 # on this tree's static build; see the script).
-tests/e2e/build-image.sh docker.io/library/leasehold:e2e "$W/leasehold.tar"
-for t in pause leasehold; do ctr -a "$SOCK" -n k8s.io images import "$W/$t.tar" >/dev/null; done
+tests/e2e/build-image.sh docker.io/library/leasehold:e2e "$W/leasehold.tar" "$W/plain.tar"
+for t in pause leasehold plain; do ctr -a "$SOCK" -n k8s.io images import "$W/$t.tar" >/dev/null; done
 rm -rf "$W/img" "$W"/*.tar
 
 step "kubelet (node address $NODE_IP) and kube-scheduler"
@@ -127,6 +127,7 @@ POD_EXTRAS="      hostNetwork: true
       dnsPolicy: ClusterFirstWithHostNet"
 ENV_EXTRAS="            - { name: KUBERNETES_SERVICE_HOST, value: \"127.0.0.1\" }
             - { name: KUBERNETES_SERVICE_PORT, value: \"$API_PORT\" }"
+EXAMPLE_EXTRAS=(--host-network "127.0.0.1:$API_PORT")
 HELM_EXTRA=(--take-ownership --set hostNetwork=true --set probes.enabled=false
   --set "extraEnv[0].name=KUBERNETES_SERVICE_HOST" --set-string "extraEnv[0].value=127.0.0.1"
   --set "extraEnv[1].name=KUBERNETES_SERVICE_PORT" --set-string "extraEnv[1].value=$API_PORT")

@@ -327,6 +327,25 @@ YAML
   k delete deploy -n "$NS" lead-1 lead-2 --wait=false >/dev/null
 }
 
+# An application image that has never heard of leasehold (plain-app:e2e, a Debian
+# minbase), wrapped as examples/any-image.yaml shows: the example itself, its image
+# placeholders renamed to the images imported here (tests/e2e/example.py).
+any_image() {
+  step "any image: examples/any-image.yaml (an initContainer installs leasehold into an emptyDir of plain-app:e2e)"
+  /usr/bin/python3 tests/e2e/example.py examples/any-image.yaml "leasehold:0.1.0=$IMAGE" \
+    "registry.example.com/your-app:1.0=plain-app:e2e" "${EXAMPLE_EXTRAS[@]}" | k apply -n "$NS" -f - >/dev/null
+  k wait -n "$NS" --for=condition=complete job/nightly-report --timeout=180s \
+    || fail "the Job of examples/any-image.yaml did not complete: $(k get pods -n "$NS" -l job-name=nightly-report -o wide 2>&1)"
+  local pod tokens=()
+  for pod in $(k get pods -n "$NS" -l job-name=nightly-report -o name); do
+    within 60 "$pod's command did not run under the lock" has_line "report with fencing token" k logs -n "$NS" "$pod" -c report
+    tokens+=("$(k logs -n "$NS" "$pod" -c report | sed -n 's/^report with fencing token //p')")
+  done
+  [ "${#tokens[@]}" = 2 ] && [ "${tokens[0]}" != "${tokens[1]}" ] \
+    || fail "expected 2 runs with distinct fencing tokens, got: ${tokens[*]}"
+  echo "  2 pods of plain-app:e2e ran their command under the lock, tokens ${tokens[*]}"
+}
+
 kill_leader() {
   step "killing the leading controller pod: the other replica takes over"
   local leader new
@@ -345,6 +364,7 @@ run_scenario() {
   contention
   delete_holder
   only_the_holder_ready
+  any_image
   kill_leader
   step "end-to-end scenario passed"
 }
