@@ -66,7 +66,7 @@ python3 scripts/chart-readme.py --check
 log "helm template | kubernetes-validate --strict (default values, all options on, namespaced, minimal)"
 tpl() { local out=$1; shift; "$HELM" template leasehold charts/leasehold -n leasehold-system "$@" > "$rendered/$out"; }
 tpl default.yaml
-tpl all.yaml --set 'clientRbac.namespaces={team-a,team-b}' --set metrics.serviceMonitor.enabled=true --set replicaCount=3 \
+tpl all.yaml --set 'clientRbac.namespaces={team-a,team-b}' --set 'clientRbac.serviceAccounts={web}' --set metrics.serviceMonitor.enabled=true --set replicaCount=3 \
   --set networkPolicy.enabled=true --set 'networkPolicy.metricsFrom[0].podSelector.matchLabels.app=prometheus' \
   --set serviceAccount.annotations.example\\.com/role=leasehold --set podLabels.team=a --set-string podAnnotations.example\\.com/scrape=true
 cat > "$rendered/namespaced.values" <<'YAML'
@@ -124,6 +124,8 @@ has "$w" 'failurePolicy: Fail' || fail "admission.failurePolicy is not used"
 has "$w" '- { key: leasehold.dev/lock, operator: Exists }' || fail "the claims webhook does not select claims"
 has "$w" 'values: ["team-a"]' || fail "the client accounts are not confined in clientRbac's namespaces"
 has "$(cat "$rendered/admission.yaml")" '- --admission-client-account=locks,leasehold-client' || fail "admission.clientAccounts do not reach the controller"
+has "$(doc "$rendered/all.yaml" RoleBinding leasehold-client)" 'name: web' || fail "clientRbac.serviceAccounts are not bound to the client Role"
+has "$(cat "$rendered/all.yaml")" '- --admission-client-account=leasehold-client,web' || fail "clientRbac.serviceAccounts are not confined as clients"
 has "$(doc "$rendered/admission.yaml" NetworkPolicy leasehold)" 'port: 8443' || fail "the NetworkPolicy shuts the API server out of the webhook"
 w=$(doc "$rendered/admission-claims.yaml" ValidatingWebhookConfiguration leasehold-leasehold-system)
 ! has "$w" 'clients.leasehold.dev' || fail "a confining webhook without namespaces to confine in"

@@ -117,7 +117,7 @@ install_chart() {
   k label namespace "$NS" "kubernetes.io/metadata.name=$NS" --overwrite >/dev/null
   "$HELM" install leasehold charts/leasehold -n "$SYSNS" --create-namespace \
     --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=Never \
-    --set "clientRbac.namespaces={$NS}" "${HELM_EXTRA[@]}"
+    --set "clientRbac.namespaces={$NS}" --set "clientRbac.serviceAccounts={e2e-app}" "${HELM_EXTRA[@]}"
   within 180 "the controller replicas did not become available" \
     is 2 k get deploy -n "$SYSNS" leasehold -o jsonpath='{.status.availableReplicas}'
 }
@@ -140,6 +140,10 @@ admission_confines_clients() {
   grep -q '"status": *"Failure"' <<<"$out" || fail "the client service account patched another application's Lease: $out"
   grep -q "lock clients may write only claim Leases" <<<"$out" || fail "refused, but not by the webhook: $out"
   echo "  refused: $(sed -n 's/^ *"message": *"\(.*\)",$/\1/p' <<<"$out")"
+  # The application's own account the chart binds (clientRbac.serviceAccounts) likewise.
+  out=$(raw_patch "system:serviceaccount:$NS:e2e-app" app-leader '{"spec":{"holderIdentity":"neighbour"}}')
+  grep -q "lock clients may write only claim Leases" <<<"$out" || fail "e2e-app (clientRbac.serviceAccounts) patched another application's Lease: $out"
+  echo "  e2e-app (clientRbac.serviceAccounts) refused alike"
 }
 
 # raw_patch USER LEASE JSON: a merge PATCH of Lease LEASE in $NS sent straight to the API
@@ -270,9 +274,12 @@ only_ready() {
 # Leader election in a Deployment's style: two replicas (one Deployment each: on the real
 # node they share the host's network, so each gets its own port) run `leasehold run
 # --ready-port` with a readiness probe on it; only the holder is Ready and behind the
-# Service, and when it goes, the other is.
+# Service, and when it goes, the other is. They run as the application's own
+# ServiceAccount (e2e-app, bound by the chart's clientRbac.serviceAccounts), with no
+# identity in their env.
 only_the_holder_ready() {
-  step "only the holder is Ready: leasehold run --ready-port behind a readinessProbe and a Service"
+  step "only the holder is Ready: leasehold run --ready-port behind a readinessProbe and a Service, as its own ServiceAccount"
+  k create serviceaccount -n "$NS" e2e-app >/dev/null
   { cat <<YAML
 apiVersion: leasehold.dev/v1alpha1
 kind: DistributedLock
@@ -302,7 +309,7 @@ spec:
   template:
     metadata: { labels: { app: lead, replica: "r$i" } }
     spec:
-      serviceAccountName: leasehold-client
+      serviceAccountName: e2e-app
       terminationGracePeriodSeconds: 20
 ${POD_EXTRAS:-}
       containers:

@@ -90,3 +90,8 @@ matchExpressions:
     values: {{ toJson .Values.clientRbac.namespaces }}
 {{- end -}}
 {{- end -}}
+
+{{/* The accounts lock clients run as, comma-separated: admission.clientAccounts and clientRbac.serviceAccounts. */}}
+{{- define "leasehold.clientAccounts" -}}
+{{- concat .Values.admission.clientAccounts .Values.clientRbac.serviceAccounts | uniq | join "," -}}
+{{- end -}}
