@@ -351,10 +351,10 @@ any_image() {
   step "any image: examples/any-image.yaml (an initContainer installs leasehold into an emptyDir of plain-app:e2e)"
   /usr/bin/python3 tests/e2e/example.py examples/any-image.yaml "leasehold:0.1.0=$IMAGE" \
     "registry.example.com/your-app:1.0=plain-app:e2e" "${EXAMPLE_EXTRAS[@]}" | k apply -n "$NS" -f - >/dev/null
-  k wait -n "$NS" --for=condition=complete job/nightly-report --timeout=180s \
-    || fail "the Job of examples/any-image.yaml did not complete: $(k get pods -n "$NS" -l job-name=nightly-report -o wide 2>&1)"
+  k wait -n "$NS" --for=condition=complete job/batch-report --timeout=180s \
+    || fail "the Job of examples/any-image.yaml did not complete: $(k get pods -n "$NS" -l job-name=batch-report -o wide 2>&1)"
   local pod tokens=()
-  for pod in $(k get pods -n "$NS" -l job-name=nightly-report -o jsonpath='{.items[*].metadata.name}'); do
+  for pod in $(k get pods -n "$NS" -l job-name=batch-report -o jsonpath='{.items[*].metadata.name}'); do
     within 60 "$pod's command did not run under the lock" has_line "report with fencing token" container_log "$pod" report
     tokens+=("$(container_log "$pod" report | sed -n 's/^report with fencing token //p')")
   done
