@@ -122,6 +122,11 @@ has "$np" 'cidr: 10.0.0.0/28' || fail "networkPolicy.admissionFrom does not narr
 w=$(doc "$rendered/admission.yaml" ValidatingWebhookConfiguration leasehold-leasehold-system)
 has "$w" 'failurePolicy: Fail' || fail "admission.failurePolicy is not used"
 has "$w" '- { key: leasehold.dev/lock, operator: Exists }' || fail "the claims webhook does not select claims"
+# Deletes stay off the webhook (the client Role has none): the controller's deletion of
+# an expired claim must not wait on a webhook pod the API server cannot reach.
+! has "$w" '"DELETE"' || fail "a webhook judges deletes: expiries would wait on unreachable webhook pods"
+has "$(doc "$rendered/default.yaml" ValidatingWebhookConfiguration leasehold-leasehold-system)" 'timeoutSeconds: 2' ||
+  fail "the webhook's default timeout is not 2 s (a renewal gives up after a third of its lease)"
 has "$w" 'values: ["team-a"]' || fail "the client accounts are not confined in clientRbac's namespaces"
 has "$(cat "$rendered/admission.yaml")" '- --admission-client-account=locks,leasehold-client' || fail "admission.clientAccounts do not reach the controller"
 has "$(doc "$rendered/all.yaml" RoleBinding leasehold-client)" 'name: web' || fail "clientRbac.serviceAccounts are not bound to the client Role"
