@@ -61,9 +61,9 @@ pub fn resolve(
     token: Option<&str>,
     default_namespace: &str,
 ) -> Result<PodIdentity, Error> {
-    let var = |k: &str| env(k).filter(|v| !v.is_empty());
-    let (t_ns, t_name, t_uid) = token.and_then(token_pod).unwrap_or_default();
     let nonempty = |v: Option<String>| v.filter(|v| !v.is_empty());
+    let var = |k: &str| nonempty(env(k));
+    let (t_ns, t_name, t_uid) = token.and_then(token_pod).unwrap_or_default();
     Ok(PodIdentity {
         name: var("POD_NAME")
             .or(nonempty(t_name))

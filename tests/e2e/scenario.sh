@@ -71,7 +71,9 @@ other_than() {
 # with SCRIPT as CMD (or COMMAND, a JSON list, with SCRIPT as its argument); $OUT is
 # where the script writes its `start|end|term <token> <pod> <ns-time>` lines. No identity
 # in the env: the client knows its pod from its bound service-account token (issued as
-# on Kubernetes >= 1.21), and tells CMD (LEASEHOLD_POD).
+# on Kubernetes >= 1.21), and tells CMD (LEASEHOLD_POD). $POD_ACCOUNT names its
+# ServiceAccount (default leasehold-client); $CONTAINER_EXTRAS (lines, each ending in a
+# newline) adds to the container.
 pod_spec() {
   local restart=$1 lock=$2 script=$3 out=/dev/stdout mount=""
   local command=${4:-"[\"leasehold\", \"run\", \"--lock\", \"$lock\", \"--\", \"sh\", \"-c\"]"}
@@ -81,7 +83,7 @@ pod_spec() {
   fi
   cat <<YAML
     spec:
-      serviceAccountName: leasehold-client
+      serviceAccountName: ${POD_ACCOUNT:-leasehold-client}
       restartPolicy: $restart
       terminationGracePeriodSeconds: 20
 ${POD_EXTRAS:-}
@@ -91,7 +93,7 @@ ${POD_EXTRAS:-}
           imagePullPolicy: Never
           command: $command
           args: ['$script']
-${mount}          env:
+${CONTAINER_EXTRAS:-}${mount}          env:
             - { name: OUT, value: "$out" }
 ${ENV_EXTRAS:-}
 YAML
@@ -293,9 +295,7 @@ spec:
   selector: { app: lead }
   ports: [{ name: ready, port: 8081, targetPort: ready }]
 YAML
-    local i port env=""
-    [ -z "${ENV_EXTRAS:-}" ] || env="          env:
-$ENV_EXTRAS"
+    local i port
     for i in 1 2; do
       port=$(( 18080 + i ))
       cat <<YAML
@@ -308,19 +308,10 @@ spec:
   selector: { matchLabels: { app: lead, replica: "r$i" } }
   template:
     metadata: { labels: { app: lead, replica: "r$i" } }
-    spec:
-      serviceAccountName: e2e-app
-      terminationGracePeriodSeconds: 20
-${POD_EXTRAS:-}
-      containers:
-        - name: worker
-          image: $IMAGE
-          imagePullPolicy: Never
-          command: ["leasehold", "run", "--lock", "lead", "--ready-port", "$port", "--", "sh", "-c", "exec sleep 3600"]
-          ports: [{ name: ready, containerPort: $port }]
-          readinessProbe: { httpGet: { path: /, port: ready }, periodSeconds: 1, failureThreshold: 1 }
-${env}
 YAML
+      POD_ACCOUNT=e2e-app CONTAINER_EXTRAS="          ports: [{ name: ready, containerPort: $port }]
+          readinessProbe: { httpGet: { path: /, port: ready }, periodSeconds: 1, failureThreshold: 1 }
+" pod_spec Always lead "exec sleep 3600" "[\"leasehold\", \"run\", \"--lock\", \"lead\", \"--ready-port\", \"$port\", \"--\", \"sh\", \"-c\"]"
     done; } | k apply -n "$NS" -f - >/dev/null
   within 120 "nobody holds lock lead" other_than "" lead_holder
   local first; first=$(lead_holder)
