@@ -11,9 +11,9 @@
 //! etcd, each acquiring once and releasing at once; the controller only mirrors.
 //!
 //! ```sh
-//! cargo bench --bench scale                                   # (10, 100, 1000) × 10, 2000 pods; etcd (10, 100) × 10
-//! cargo bench --bench scale -- --locks 10,100 --pods 500 --rate 50
-//! cargo bench --bench scale -- --locks "" --etcd-locks "" --waiters 200 --waiting-secs 120
+//! cargo bench --features cli --bench scale                                   # (10, 100, 1000) × 10, 2000 pods; etcd (10, 100) × 10
+//! cargo bench --features cli --bench scale -- --locks 10,100 --pods 500 --rate 50
+//! cargo bench --features cli --bench scale -- --locks "" --etcd-locks "" --waiters 200 --waiting-secs 120
 //! ```
 //!
 //! First of all (`--waiters`, default 200): what a *waiting* claimant costs. That many
@@ -70,7 +70,7 @@ fn args() -> Option<Args> {
 
 fn main() -> anyhow::Result<()> {
     let Some(args) = args() else {
-        println!("scale: SKIPPED — a benchmark, not a test; run `cargo bench --bench scale`");
+        println!("scale: SKIPPED — a benchmark, not a test; run `cargo bench --features cli --bench scale`");
         return Ok(());
     };
     let kubeconfig = leasehold::dev::spawn_for_process(Path::new(LEASEHOLD), Duration::from_secs(3600))?;

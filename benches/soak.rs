@@ -2,10 +2,10 @@
 //! plane while faults are injected, and every critical section is checked afterwards.
 //!
 //! ```sh
-//! cargo test --release --bench soak -- --seconds 1200      # a long run, by hand
-//! LEASEHOLD_BIN=/copy/of/leasehold cargo test --bench soak -- --seconds 2400
-//! cargo test --bench soak -- --seconds 60                  # the short run CI does
-//! cargo test --release --bench soak -- --seconds 600 --only Neighbour --fault-every 1
+//! cargo test --release --features cli --bench soak -- --seconds 1200      # a long run, by hand
+//! LEASEHOLD_BIN=/copy/of/leasehold cargo test --features cli --bench soak -- --seconds 2400
+//! cargo test --features cli --bench soak -- --seconds 60                  # the short run CI does
+//! cargo test --release --features cli --bench soak -- --seconds 600 --only Neighbour --fault-every 1
 //! ```
 //!
 //! Faults, one every `--fault-every` seconds on average, chosen at random:

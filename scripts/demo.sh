@@ -10,5 +10,5 @@ cd "$(dirname "$0")/.."
 ensure_tools
 provision_control_plane
 step "building leasehold"
-cargo build --locked --quiet
+cargo build --locked --quiet --features cli
 exec "$CARGO_TARGET_DIR/debug/leasehold" dev --demo

@@ -1,7 +1,7 @@
 //! leasehold: fair (FIFO), fenced distributed locks for Kubernetes pods.
 //!
 //! A `DistributedLock` custom resource ([`api`]) is granted to pods in arrival order by
-//! the controller ([`controller`]); every grant carries a strictly increasing fencing
+//! the controller (`controller`); every grant carries a strictly increasing fencing
 //! token. Pods ask with claim Leases and learn of their grant from a watch on the
 //! lock ([`client`]), or, next in line, from the controller directly
 //! ([`protocol::grant`]). The claim's format and the timing rules that make the handoff
@@ -21,8 +21,13 @@
 //!    revoke; a slot passes on only once A has certainly stopped
 //! ```
 //!
-//! Holding a lock from Rust (the pod's identity comes from the downward API:
-//! `POD_NAME`, `POD_NAMESPACE`, `POD_UID`):
+//! Features: `client` (the default: the API types, the protocol and [`client`]; it
+//! selects no k8s-openapi version, the depending crate does), `etcd` (the etcd backend;
+//! its build needs `protoc`), `controller`, and `cli` (the `leasehold` binary; selects
+//! k8s-openapi `v1_33`).
+//!
+//! Holding a lock from Rust (the pod's identity comes from its service-account token,
+//! or from `POD_NAME`, `POD_NAMESPACE`, `POD_UID` where they are set):
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -53,7 +58,7 @@ pub mod crd;
 pub mod decide;
 #[cfg(feature = "etcd")]
 pub mod etcd;
-#[cfg(all(test, feature = "client"))]
+#[cfg(all(test, feature = "controller"))]
 mod explore;
 #[cfg(feature = "client")]
 pub mod kubeconfig;

@@ -20,8 +20,8 @@
 //! creation left out) of the `run` path and of the `controller` path.
 //!
 //! ```sh
-//! cargo bench --bench handoff                       # release build, 200 rounds
-//! cargo test --bench handoff -- --bench --rounds 40 # quicker, debug build
+//! cargo bench --features cli --bench handoff                       # release build, 200 rounds
+//! cargo test --features cli --bench handoff -- --bench --rounds 40 # quicker, debug build
 //! python3 scripts/plot-handoff.py                   # docs/handoff.png from the CSV
 //! ```
 //! Options: `--rounds N`, `--contenders N` (default 20), `--only a,b` (series keys),
@@ -69,7 +69,7 @@ fn args() -> Option<Args> {
 
 fn main() -> anyhow::Result<()> {
     let Some(args) = args() else {
-        println!("handoff: SKIPPED — a benchmark, not a test; run `cargo bench --bench handoff`");
+        println!("handoff: SKIPPED — a benchmark, not a test; run `cargo bench --features cli --bench handoff`");
         return Ok(());
     };
     let kubeconfig = leasehold::dev::spawn_for_process(Path::new(LEASEHOLD), Duration::from_secs(600))?;

@@ -2,7 +2,7 @@
 //! chart's `admission.enabled`), served over HTTPS by every replica, leader or not. It
 //! asks [`crate::protocol::admission`] about each request and answers the API server;
 //! it keeps no state. Connections are bounded as the client endpoints' are
-//! ([`crate::controller::listener`]), a TLS handshake that does not finish within
+//! (`controller::listener`), a TLS handshake that does not finish within
 //! [`HANDSHAKE_TIMEOUT`] is dropped without holding up the others, and a renewed
 //! certificate is served from the next handshake on.
 

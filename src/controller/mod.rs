@@ -1,10 +1,10 @@
 //! `leasehold controller`: the operator.
 //!
 //! Pipeline per lock: **observe** (reflector stores of claim Leases and slim Pods, plus
-//! the [`cache::tracker::Tracker`]'s monotonic clock) → **decide** ([`crate::decide`], pure) →
+//! the `cache::tracker::Tracker`'s monotonic clock) → **decide** ([`crate::decide`], pure) →
 //! **apply** (status write with a resourceVersion precondition, then events and claim
 //! deletion). A deleted lock revokes its holders and goes once they have stopped
-//! ([`finalizer`]).
+//! (`finalizer`).
 //! Watch-driven: a claim, pod or lock change triggers the lock's reconcile; time-based
 //! transitions requeue at the next deadline.
 

@@ -8,7 +8,7 @@
 //! the bound; a violation fails with the shortest event trace that reaches it.
 //!
 //! The bound of `cargo test` is [`CI`]; a larger one runs by hand:
-//! `LEASEHOLD_EXPLORE=pods,claims,max_holders,depth cargo test --lib explore -- --nocapture`.
+//! `LEASEHOLD_EXPLORE=pods,claims,max_holders,depth cargo test --features cli --lib explore -- --nocapture`.
 
 use std::panic::catch_unwind;
 

@@ -8,7 +8,7 @@
 //!   containers stopped): its key is deleted, and the slot or place passes on at once;
 //! * a pod gone or replaced with nothing saying its process stopped: its key, holder
 //!   or waiter alike, is moved onto a controller lease of
-//!   [`etcd_hold_back_ttl`](crate::protocol::timing::etcd_hold_back_ttl). It keeps its
+//!   [`crate::protocol::timing::etcd_hold_back_ttl`]. It keeps its
 //!   place, so a waiter behind it is not granted before that process has stopped. (A
 //!   waiter is held back too: unlike the Kubernetes backend, where the controller
 //!   grants, an etcd waiter grants itself the moment the keys ahead are gone.)

@@ -2,7 +2,7 @@
 //! client, read and judged by the controller), the patches both sides send, when a
 //! lock's status grants a claim, and the timing rules that make the fenced handoff safe.
 //!
-//! Client ([`crate::client`]) and controller ([`crate::controller`]) depend on this
+//! Client ([`crate::client`]) and controller (`controller`) depend on this
 //! module and never on each other's constants.
 //!
 //! ## A claim
@@ -21,7 +21,7 @@
 //! validates a claim with [`claim::validate_claim`] and grants it by listing it as an
 //! unrevoked holder in the lock's status ([`granted_token`]). When a lock is deleted,
 //! the controller revokes every grant and lets the lock go only once no holder's
-//! process may still run (see [`crate::controller::finalizer`]).
+//! process may still run (see `controller::finalizer`).
 //!
 //! ## The timing contract
 //!

@@ -23,7 +23,7 @@ if command -v rustup >/dev/null 2>&1 && ! rustup target list --installed | grep 
   rustup target add "$TARGET" >&2
 fi
 step "building the static binary (cargo build --target $TARGET)"
-cargo build --locked --quiet --target "$TARGET" --bin leasehold
+cargo build --locked --quiet --features cli --target "$TARGET" --bin leasehold
 BIN=$CARGO_TARGET_DIR/$TARGET/debug/leasehold
 file_kind=$(ldd "$BIN" 2>&1 || true)
 [[ "$file_kind" == *"statically linked"* || "$file_kind" == *"not a dynamic executable"* ]] ||

@@ -58,7 +58,7 @@ up() {
   export LEASEHOLD_K8S_BIN=$BIN
   local tools; tools=$(scripts/chart-check.sh --tools-only 2>/dev/null)
   step "building leasehold"
-  cargo build --locked --quiet --bin leasehold
+  cargo build --locked --quiet --features cli --bin leasehold
   mkdir -p "$W/shared" && chmod 0777 "$W/shared"
   : > "$W/pids"
   seq "$count" > "$W/nodes"

@@ -36,7 +36,7 @@ HELM=$(command -v helm)
 HELM_EXTRA=("${SPREAD_REPLICAS[@]}")
 
 step "building leasehold (for check-log) and the image"
-cargo build --locked --quiet
+cargo build --locked --quiet --features cli
 LEASEHOLD=${CARGO_TARGET_DIR:-target}/debug/leasehold
 docker build -f Dockerfile.build -t leasehold-build . && docker build -t "$IMAGE" .
 

@@ -27,7 +27,7 @@ tools=$(scripts/chart-check.sh 2>/dev/null)
 HELM=$(sed -n 's/^LEASEHOLD_HELM=//p' <<<"$tools")
 KUBECTL=$(sed -n 's/^LEASEHOLD_KUBECTL=//p' <<<"$tools")
 step "building leasehold"
-cargo build --locked --quiet --bin leasehold
+cargo build --locked --quiet --features cli --bin leasehold
 LEASEHOLD=$CARGO_TARGET_DIR/debug/leasehold
 
 W=$(mktemp -d /tmp/leasehold-node.XXXXXX)

@@ -1,6 +1,6 @@
 //! The system model's configurations: those `cargo test` explores, the mutation test,
 //! and any other by hand: `LEASEHOLD_SYSTEM=clients,max_holders,spec_lease,
-//! client_lease,menu,depth[,settle_depth] cargo test --lib explore::system::tests::every
+//! client_lease,menu,depth[,settle_depth] cargo test --features cli --lib explore::system::tests::every
 //! -- --nocapture`, where `menu` lists the letters of what else may happen: `n`eighbour
 //! (patches and deletes claims; `d`: deletes only), lease `r`emovals, `u`nlabelled claims, `s`tamps (a
 //! token stamped on a claim, a stamped claim of the neighbour's own), `p`ods, `l`ock deletion, `w`atch
