@@ -29,7 +29,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use kube::Client;
-use leasehold::dev::scale::{self, Outcome};
+use leasehold::testing::scale::{self, Outcome};
 use stats::Series;
 
 const LEASEHOLD: &str = env!("CARGO_BIN_EXE_leasehold");
@@ -73,7 +73,7 @@ fn main() -> anyhow::Result<()> {
         println!("scale: SKIPPED — a benchmark, not a test; run `cargo bench --features cli --bench scale`");
         return Ok(());
     };
-    let kubeconfig = leasehold::dev::spawn_for_process(Path::new(LEASEHOLD), Duration::from_secs(3600))?;
+    let kubeconfig = leasehold::testing::spawn_for_process(Path::new(LEASEHOLD), Duration::from_secs(3600))?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?

@@ -33,7 +33,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use leasehold::api::{DistributedLock, DistributedLockSpec};
-use leasehold::dev::proxy::Proxy;
+use leasehold::testing::proxy::Proxy;
 use rand::Rng;
 use tokio::process::{Child, Command};
 
@@ -129,12 +129,12 @@ const FAULTS: [Fault; 8] = [
 async fn main() -> anyhow::Result<()> {
     leasehold::telemetry::init("warn,kube_client=error");
     let a = args();
-    let kubeconfig = leasehold::dev::spawn_for_process(&leasehold(), Duration::from_secs(600))?;
+    let kubeconfig = leasehold::testing::spawn_for_process(&leasehold(), Duration::from_secs(600))?;
     let client = leasehold::kubeconfig::client_for(&kubeconfig).await?;
     let dir = std::env::temp_dir().join(format!("leasehold-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     setup(&client, a.lease).await?;
-    let upstream = leasehold::dev::proxy::api_port(&kubeconfig)?;
+    let upstream = leasehold::testing::proxy::api_port(&kubeconfig)?;
     let controller_proxy = Proxy::start(upstream).await;
     controller_proxy.kubeconfig(&kubeconfig, &dir.join("kubeconfig-controller"))?;
     let mut runners = Vec::new();
@@ -244,7 +244,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn setup(client: &Client, lease: i32) -> anyhow::Result<()> {
-    leasehold::dev::scale::namespace(client, NS).await?;
+    leasehold::testing::scale::namespace(client, NS).await?;
     let lock = DistributedLock::new(
         "l",
         DistributedLockSpec {

@@ -47,8 +47,6 @@
 #![warn(missing_docs)]
 
 pub mod api;
-#[cfg(test)]
-mod bfs;
 #[cfg(feature = "client")]
 pub mod client;
 #[cfg(feature = "controller")]
@@ -58,19 +56,11 @@ pub mod crd;
 pub mod decide;
 #[cfg(feature = "etcd")]
 pub mod etcd;
-#[cfg(all(test, feature = "controller"))]
-mod explore;
 #[cfg(feature = "client")]
 pub mod kubeconfig;
-#[cfg(all(test, feature = "client"))]
-mod mock_api;
 mod mutant;
 pub mod protocol;
-#[cfg(test)]
-mod tidy;
 
-#[doc(hidden)]
-pub mod check;
 #[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod cli;
@@ -86,3 +76,5 @@ pub mod supervise;
 #[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod telemetry;
+#[doc(hidden)]
+pub mod testing;

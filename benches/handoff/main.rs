@@ -72,7 +72,7 @@ fn main() -> anyhow::Result<()> {
         println!("handoff: SKIPPED — a benchmark, not a test; run `cargo bench --features cli --bench handoff`");
         return Ok(());
     };
-    let kubeconfig = leasehold::dev::spawn_for_process(Path::new(LEASEHOLD), Duration::from_secs(600))?;
+    let kubeconfig = leasehold::testing::spawn_for_process(Path::new(LEASEHOLD), Duration::from_secs(600))?;
     let etcd = leasehold::dev::etcd_endpoint(&kubeconfig)?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -86,7 +86,7 @@ async fn measure(args: &Args, kubeconfig: &Path, etcd: &str) -> anyhow::Result<(
     // The controller serves release notices on loopback, as a deployed one does on its
     // pod IP (`--advertise-address`).
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let hole = leasehold::dev::proxy::Unanswered::start().await?;
+    let hole = leasehold::testing::proxy::Unanswered::start().await?;
     let published = if args.unanswered { hole.port } else { port };
     let opts = leasehold::controller::Options {
         http_addr: Some(([127, 0, 0, 1], port).into()),

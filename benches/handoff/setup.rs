@@ -23,7 +23,7 @@ pub async fn namespace_on(client: &Client, name: &str, lease_seconds: i32, etcd:
             tls_secret_ref: None,
         }),
     });
-    leasehold::dev::scale::namespace(client, name).await?;
+    leasehold::testing::scale::namespace(client, name).await?;
     let lock = DistributedLock::new(
         LOCK,
         DistributedLockSpec {

@@ -153,7 +153,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             allow_open,
         } => {
             let log = std::fs::read_to_string(&file)?;
-            let summary = crate::check::check_sections(&log, max_holders, allow_open).map_err(anyhow::Error::msg)?;
+            let summary =
+                crate::testing::check::check_sections(&log, max_holders, allow_open).map_err(anyhow::Error::msg)?;
             if !order.is_empty() && summary.order != order {
                 anyhow::bail!("start order {:?} differs from the expected {order:?}", summary.order);
             }

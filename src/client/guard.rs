@@ -8,7 +8,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::Error;
-use super::claim::{self, Claim, GiveUp, Granted};
+use super::backend::{self, Claim, GiveUp, Granted};
 use super::session::{Session, State};
 use crate::protocol::timing::release_budget;
 
@@ -48,7 +48,7 @@ impl Held {
     /// Give up the grant: stop renewing, give the claim up (one write) and wait for
     /// the renewal task to end, surfacing its failure.
     pub async fn release(&self) -> Result<(), Error> {
-        let released = claim::end(&self.session, self.claim.as_ref()).await;
+        let released = backend::end(&self.session, self.claim.as_ref()).await;
         let task = self.renewal.lock().expect("renewal handle lock poisoned").take();
         if let Some(task) = task
             && let Err(e) = task.await
@@ -186,8 +186,8 @@ mod tests {
     use kube::api::Api;
 
     use super::*;
-    use crate::mock_api;
     use crate::protocol::PodIdentity;
+    use crate::testing::mock_api;
 
     /// A claim API whose create succeeds and whose first `failing` patches (release
     /// marks) fail with a 500; counts the patches.
@@ -212,7 +212,7 @@ mod tests {
             namespace: "ns".into(),
             uid: "u".into(),
         };
-        let (claim, session, renewal) = crate::client::k8s::claim::create(leases, "l", &identity, lease_secs)
+        let (claim, session, renewal) = crate::client::k8s::lease::create(leases, "l", &identity, lease_secs)
             .await
             .unwrap();
         Held {

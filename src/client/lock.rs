@@ -1,6 +1,6 @@
 //! The lock handle: acquire (wait, try, or with a timeout), with reentrancy. It reads
 //! the lock, picks the backend its spec names, and leaves the claim to it (see
-//! [`super::claim`]); woken by watches, never by polling.
+//! [`super::backend`]); woken by watches, never by polling.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -9,7 +9,7 @@ use std::time::Duration;
 use kube::Client;
 use kube::api::Api;
 
-use super::claim::{Backend, Mode, Request};
+use super::backend::{Backend, Mode, Request};
 use super::guard::{Guard, Held};
 use super::k8s::Kube;
 use super::progress::{Listener, WaitEvent};
@@ -195,7 +195,7 @@ impl Lock {
     fn backend(&self, lock: Option<&DistributedLock>) -> Result<Box<dyn Backend>, Error> {
         match lock.and_then(|l| l.spec.etcd()) {
             #[cfg(feature = "etcd")]
-            Some(etcd) => Ok(Box::new(super::etcd::claim::Keys(etcd.clone()))),
+            Some(etcd) => Ok(Box::new(super::etcd::claim_key::Keys(etcd.clone()))),
             #[cfg(not(feature = "etcd"))]
             Some(_) => Err(Error::EtcdUnsupported(self.name.clone())),
             None => Ok(Box::new(self.kube.clone())),

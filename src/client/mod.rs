@@ -36,7 +36,7 @@
 //! - { name: POD_UID, valueFrom: { fieldRef: { fieldPath: metadata.uid } } }
 //! ```
 
-mod claim;
+mod backend;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 mod guard;

@@ -180,7 +180,7 @@ mod tests {
         let answers = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(answers)));
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let log = seen.clone();
-        let client = crate::mock_api::client(move |req| {
+        let client = crate::testing::mock_api::client(move |req| {
             log.lock().unwrap().push(req.method().to_string());
             let answer = answers.lock().unwrap().pop_front().expect("an unscripted request");
             async move { answer }
@@ -192,7 +192,7 @@ mod tests {
     async fn adding_the_finalizer_rides_out_a_conflict_whose_re_read_still_lacks_it() {
         let mut bare = lock(&[]);
         bare.metadata.namespace = Some("ns".into());
-        let conflict = crate::mock_api::status(409, "Conflict", "the object has been modified");
+        let conflict = crate::testing::mock_api::status(409, "Conflict", "the object has been modified");
         let mut re_read = bare.clone();
         re_read.metadata.resource_version = Some("8".into());
         let mut with = re_read.clone();

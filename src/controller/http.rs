@@ -16,8 +16,8 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::routing::{get, post};
 
-use crate::controller::k8s::direct::Told;
 use crate::controller::k8s::notices::Notices;
+use crate::controller::k8s::successors::Told;
 use crate::controller::metrics::{CONTENT_TYPE, Metrics};
 use crate::protocol::grant::{GRANT_PATH, MAX_WAIT_BYTES, SIGNATURE_HEADER, TOKEN_HEADER, WaitFor};
 use crate::protocol::notice::{

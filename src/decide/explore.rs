@@ -13,7 +13,7 @@
 use std::panic::catch_unwind;
 
 use super::proptests::{Event, Model};
-use crate::bfs::{Covered, Machine, explore as bfs};
+use crate::testing::bfs::{Covered, Machine, explore as bfs};
 
 /// How far to explore.
 #[derive(Clone, Copy, Debug)]

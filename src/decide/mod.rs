@@ -49,8 +49,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::api::Refusal;
 use crate::api::{DistributedLockStatus, Holder, Revocation, RevokeReason, Successor, Waiter};
 use crate::protocol::timing::MAX_LEASE_SECONDS;
-pub use model::*;
 pub use queue::{ENTRY_OVERHEAD_BYTES, STATUS_BUDGET_BYTES, entry_bytes};
+pub use world::*;
 
 use crate::mutant::{Mutant, on as mutant};
 
@@ -72,12 +72,12 @@ pub const MAX_REFUSED_LISTED: usize = 16;
 
 #[cfg(test)]
 mod explore;
-mod model;
 #[cfg(test)]
 mod proptests;
 mod queue;
 #[cfg(test)]
 mod tests;
+mod world;
 
 /// How a claim's pod stands: the one rule, shared by both backends, for when a claim's
 /// process has certainly stopped.

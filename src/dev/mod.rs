@@ -9,10 +9,7 @@
 
 mod children;
 pub mod demo;
-mod harness;
 mod provision;
-pub mod proxy;
-pub mod scale;
 mod workdir;
 
 use std::fs::File;
@@ -22,7 +19,6 @@ use std::time::{Duration, Instant};
 use kube::Client;
 use tokio::process::Child;
 
-pub use harness::spawn_for_process;
 pub use provision::{BIN_ENV, binaries};
 pub use workdir::sweep_stale_dirs;
 use workdir::{free_ports, issuers_pem, kubeconfig_yaml, new_dir, write};

@@ -36,7 +36,7 @@
 //!   ([`timing::client_stop_by`]), where `h` is how long an in-flight request may
 //!   delay the deadline. The renewal task races every request against the deadline,
 //!   so `h = 0` even when a black-holed connection makes a request hang until its
-//!   timeout (a paused-time test in `client::k8s::claim` holds it to that). `leasehold run`
+//!   timeout (a paused-time test in `client::k8s::lease` holds it to that). `leasehold run`
 //!   then gives CMD `margin` between SIGTERM and SIGKILL of its whole process tree, so
 //!   CMD is dead by `sent + L`.
 //! * The controller frees the slot of an unrenewed claim no earlier than

@@ -380,7 +380,7 @@ async fn eight_runs_take_turns_in_request_order_with_increasing_tokens() {
         assert!(status.success(), "leasehold run exited with {status}");
     }
     let text = std::fs::read_to_string(dir.join("log")).unwrap();
-    let summary = leasehold::check::check_sections(&text, 1, false).unwrap_or_else(|e| panic!("{e}:\n{text}"));
+    let summary = leasehold::testing::check::check_sections(&text, 1, false).unwrap_or_else(|e| panic!("{e}:\n{text}"));
     let expected: Vec<String> = (0..8).map(|i| format!("r{i}")).collect();
     assert_eq!(summary.order, expected, "grant order equals request order");
     assert_eq!(summary.tokens.len(), 8);
@@ -676,7 +676,7 @@ async fn clients_talk_to_the_api_server_on_connections_that_send_without_delay()
 
     use nix::sys::socket::{SockaddrIn, getsockname, getsockopt, sockopt::TcpNoDelay};
 
-    let upstream = leasehold::dev::proxy::api_port(kubeconfig()).unwrap();
+    let upstream = leasehold::testing::proxy::api_port(kubeconfig()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let dir = scratch("nodelay");

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use etcd_client::GetOptions;
 use leasehold::api::{Backend, DistributedLock, DistributedLockSpec, EtcdBackend, RevokeReason};
 use leasehold::client::Lock;
-use leasehold::dev::proxy::Proxy;
 use leasehold::etcd::connect::TlsFiles;
+use leasehold::testing::proxy::Proxy;
 
 use crate::client::{SECTION, UNTIL_TERM, a_lost_then_b_ran, log, run, run_with_env, scratch, wait_log};
 use crate::support::*;

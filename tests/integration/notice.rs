@@ -204,7 +204,7 @@ async fn a_release_url_whose_packets_are_dropped_costs_a_waiting_run_s_release_n
     // A NetworkPolicy that drops the clients' packets to the controller: connections to
     // the published URL never complete. Every release used to wait the notice timeout.
     let ns = TestNs::new("noticedrop").await;
-    let hole = leasehold::dev::proxy::Unanswered::start().await.unwrap();
+    let hole = leasehold::testing::proxy::Unanswered::start().await.unwrap();
     let opts = Options {
         release_url: Some(release_url("127.0.0.1", hole.port)),
         ..Options::single("noticedrop", Some(&ns.name))

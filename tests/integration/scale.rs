@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use leasehold::dev::scale::{drive, prepare};
+use leasehold::testing::scale::{drive, prepare};
 
 use crate::support::*;
 

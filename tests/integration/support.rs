@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use leasehold::dev::proxy::Proxy;
+use leasehold::testing::proxy::Proxy;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -23,7 +23,8 @@ static SHARED: OnceLock<PathBuf> = OnceLock::new();
 /// The kubeconfig of this test binary's control plane, started on first use.
 pub fn kubeconfig() -> &'static PathBuf {
     SHARED.get_or_init(|| {
-        leasehold::dev::spawn_for_process(Path::new(LEASEHOLD), Duration::from_secs(600)).expect("local control plane")
+        leasehold::testing::spawn_for_process(Path::new(LEASEHOLD), Duration::from_secs(600))
+            .expect("local control plane")
     })
 }
 
@@ -448,7 +449,7 @@ pub async fn claims_in_order(ns: &TestNs, lock: &str, n: usize) -> Vec<String> {
 
 /// A kubeconfig in `dir` whose server is a new proxy in front of the shared API server.
 pub async fn proxied_kubeconfig(dir: &Path) -> (Proxy, PathBuf) {
-    let port = leasehold::dev::proxy::api_port(kubeconfig()).unwrap();
+    let port = leasehold::testing::proxy::api_port(kubeconfig()).unwrap();
     let proxy = Proxy::start(port).await;
     let proxied = dir.join(format!("kubeconfig-{}", proxy.port));
     proxy.kubeconfig(kubeconfig(), &proxied).unwrap();

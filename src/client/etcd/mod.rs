@@ -2,5 +2,5 @@
 //! lease of the process's own ([`claim`]), renewed by checking the key is still on that
 //! lease and keeping the lease alive ([`renew`]).
 
-pub(crate) mod claim;
+pub(crate) mod claim_key;
 pub(crate) mod renew;

@@ -6,8 +6,8 @@
 //! Files: `claim` (create, renew, give up), `wait` (the wait for a grant), `watch`
 //! (the lock's watch), `direct` and `notice`.
 
-pub(crate) mod claim;
-mod direct;
+mod grant_wait;
+pub(crate) mod lease;
 mod notice;
 mod wait;
 mod watch;
@@ -20,11 +20,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::Api;
 
-use self::claim::KubeClaim;
+use self::lease::KubeClaim;
 use self::notice::NoticeTarget;
 use self::wait::Outcome;
 use self::watch::{LockWatch, Seen};
-use super::claim::{Backend, Claim, Granted, Mode, Request, Withdraw, withdraw_now};
+use super::backend::{Backend, Claim, Granted, Mode, Request, Withdraw, withdraw_now};
 use super::session::{LostReason, Session};
 use super::{Error, State};
 use crate::api::{DEFAULT_LEASE_DURATION_SECONDS, DistributedLock};
@@ -66,7 +66,7 @@ impl Kube {
         let lease = Duration::from_secs(secs.max(1) as u64);
         let mut events = LockWatch::start(locks, request.name, renew_interval(lease));
         loop {
-            let (claim, session, renewal) = claim::create(leases.clone(), request.name, request.identity, secs).await?;
+            let (claim, session, renewal) = lease::create(leases.clone(), request.name, request.identity, secs).await?;
             let given_up: Arc<dyn Claim> = claim.clone();
             // If this future is dropped from here on, the claim is withdrawn.
             let mut withdraw = Withdraw::arm(&session, &given_up);

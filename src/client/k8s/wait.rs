@@ -1,16 +1,16 @@
 //! Waiting for a claim Lease's grant: the lock's status, read from its watch, says
-//! where the claim stands; a direct grant may come first ([`super::direct`]). Every
+//! where the claim stands; a direct grant may come first ([`super::grant_wait`]). Every
 //! status is checked against the claim as this process wrote it before anything in it
 //! is acted on ([`crate::protocol::record`]).
 
 use tokio::time::Instant;
 
-use super::claim::KubeClaim;
-use super::direct::DirectWait;
+use super::grant_wait::DirectWait;
+use super::lease::KubeClaim;
 use super::notice::{self, NoticeTarget};
 use super::watch::{LockWatch, Seen};
 use crate::api::{DistributedLock, RefuseReason};
-use crate::client::claim::{Mode, Request};
+use crate::client::backend::{Mode, Request};
 use crate::client::progress::{Progress, UNQUEUED_NOTICE};
 use crate::client::session::{LostReason, Session};
 use crate::client::{Error, State};

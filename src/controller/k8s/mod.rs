@@ -11,12 +11,12 @@
 pub(crate) mod apply;
 pub(crate) mod claim_io;
 pub(crate) mod claims;
-pub(crate) mod direct;
 pub(crate) mod live;
 pub(crate) mod notices;
 pub(crate) mod observe;
 pub(crate) mod state;
 pub(crate) mod strays;
+pub(crate) mod successors;
 pub(crate) mod sweep;
 pub(crate) mod turn;
 

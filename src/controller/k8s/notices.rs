@@ -23,7 +23,7 @@ use tokio::sync::watch;
 
 use crate::api::DistributedLock;
 use crate::controller::cache::written::Written;
-use crate::controller::k8s::direct::Told;
+use crate::controller::k8s::successors::Told;
 use crate::controller::prompt::Prompter;
 use crate::protocol::RELEASED_ANNOTATION;
 use crate::protocol::grant::WaitFor;
@@ -117,7 +117,7 @@ pub struct Notices {
     /// waiting answer looks again after each.
     writes: watch::Sender<u64>,
     /// The successors waiting to be told of their grant.
-    pub successors: crate::controller::k8s::direct::Successors,
+    pub successors: crate::controller::k8s::successors::Successors,
 }
 
 // === impl Notices ===

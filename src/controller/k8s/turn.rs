@@ -205,7 +205,7 @@ async fn renewed_unseen<IO: TurnIo>(io: &IO, ns: &str, plan: &Plan<IO::Moment>) 
         match io.delete_claim(ns, &name, delete_as_read(&fresh)).await {
             // Deleted, or being deleted (something holds the object back): either way
             // a renewal from now on is refused or, on a terminating object, no renewal
-            // to its client (see `KubeRenewer` in `client::k8s::claim`).
+            // to its client (see `KubeRenewer` in `client::k8s::lease`).
             Ok(()) => io.bury_expired(&fresh, io.now()),
             Err(kube::Error::Api(s)) if s.is_conflict() => {
                 // Written since the read: look again (a release mark is no renewal).

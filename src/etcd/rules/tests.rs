@@ -503,7 +503,7 @@ proptest! {
 #[derive(Clone)]
 struct Bounded(Model, usize, i32);
 
-impl crate::bfs::Machine for Bounded {
+impl crate::testing::bfs::Machine for Bounded {
     type Step = Event;
     fn steps(&self) -> Vec<Event> {
         let Bounded(m, claims, _) = self;
@@ -542,7 +542,7 @@ impl crate::bfs::Machine for Bounded {
 fn every_interleaving_within_the_bound_keeps_the_etcd_rules() {
     for (claims, max_holders, depth) in [(3, 1, 8), (3, 2, 8)] {
         let start = Bounded(Model::default(), claims, max_holders);
-        let covered = crate::bfs::explore(start, depth).unwrap_or_else(|found| panic!("{found}"));
+        let covered = crate::testing::bfs::explore(start, depth).unwrap_or_else(|found| panic!("{found}"));
         println!("etcd rules, {claims} claims, maxHolders {max_holders}, depth {depth}: {covered:?}");
         assert!(covered.states > 1000, "the bound explores too little: {covered:?}");
     }
@@ -553,7 +553,7 @@ fn every_interleaving_within_the_bound_keeps_the_etcd_rules() {
     use crate::mutant::Mutant::{HoldBackBySpecLease, PodGoneAsStopped};
     for bug in [PodGoneAsStopped, HoldBackBySpecLease] {
         let _on = crate::mutant::mutate(bug);
-        let found = crate::bfs::explore(Bounded(Model::default(), 3, 1), 10);
+        let found = crate::testing::bfs::explore(Bounded(Model::default(), 3, 1), 10);
         let found = found.expect_err("put back and not found");
         assert!(found.trace.starts_with("   1. "), "{bug:?}: no trace in {found}");
         println!("etcd rules, {bug:?} found:\n{found}");

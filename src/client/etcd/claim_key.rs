@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::renew::{Etcd, EtcdRenewer, on_own_lease};
 use crate::api::EtcdBackend;
-use crate::client::claim::{Backend, Claim, GiveUp, Granted, Mode, Request, Withdraw, withdraw_now, write_within};
+use crate::client::backend::{Backend, Claim, GiveUp, Granted, Mode, Request, Withdraw, withdraw_now, write_within};
 use crate::client::session::{Cadence, Session};
 use crate::client::{LostReason, State};
 use crate::etcd::Error;

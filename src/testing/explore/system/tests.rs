@@ -8,8 +8,8 @@
 //! too, `explore::system::tests::the_system` looks for that mutant within that run.
 
 use super::{Config, Menu, System};
-use crate::bfs::{Covered, explore, explore_settling};
 use crate::mutant::{Mutant, mutate};
+use crate::testing::bfs::{Covered, explore, explore_settling};
 
 /// A configuration, its depth, and the depth within which every state must settle.
 #[derive(Clone, Copy, Debug)]

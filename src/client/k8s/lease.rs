@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::notice::{self, NoticeTarget};
 use crate::client::Error;
-use crate::client::claim::{Claim, GiveUp, write_within};
+use crate::client::backend::{Claim, GiveUp, write_within};
 use crate::client::session::{Cadence, Renewal, Renewer, Session};
 use crate::protocol::claim::{self, PodIdentity};
 use crate::protocol::release::Secret;
@@ -216,8 +216,8 @@ mod tests {
 
     use super::*;
     use crate::client::session::{LostReason, State};
-    use crate::mock_api::{self, claim_lease};
     use crate::protocol::timing::client_stop_by;
+    use crate::testing::mock_api::{self, claim_lease};
 
     fn identity() -> PodIdentity {
         PodIdentity {

@@ -1,4 +1,4 @@
 //! Exhaustive model checks that span modules (tests only): the whole claim protocol as
-//! one state machine ([`system`]), explored by [`crate::bfs`].
+//! one state machine ([`system`]), explored by [`crate::testing::bfs`].
 
 mod system;

@@ -7,9 +7,9 @@
 
 use super::client::Phase;
 use super::{Mark, System};
-use crate::bfs::Machine;
 use crate::client::session::may_hold;
 use crate::protocol::timing::{client_stop_by, wait_lease};
+use crate::testing::bfs::Machine;
 
 /// How many fair rounds a state has to settle in (each round: every actor once, and
 /// time to the next deadline when nothing moved).

@@ -47,7 +47,7 @@ use std::ops::Add;
 use std::time::Duration;
 
 use crate::api::{DistributedLockSpec, DistributedLockStatus};
-use crate::bfs::Machine;
+use crate::testing::bfs::Machine;
 
 /// A moment of the model's clock, in milliseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
