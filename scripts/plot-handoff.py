@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draw docs/handoff.png from the CSV `cargo bench --bench handoff` writes.
+"""Draw docs/handoff.png from the CSV `cargo bench --features cli --bench handoff` writes.
 
     python3 scripts/plot-handoff.py [CSV] [PNG]
 

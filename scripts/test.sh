@@ -19,7 +19,7 @@ scripts/workflow-lint.sh
 
 step "the client library embeds in a user's crate with its own k8s-openapi version: tests/embed"
 deps() { sed -n '/^\[dependencies\]$/,/^$/{/^$/d;p}' "$@"; }
-readme=$(awk '/^```toml$/{f=1;next} /^```$/{f=0} f' README.md | deps)
+readme=$(awk '/^```toml$/{f=1;next} /^```$/{if(f)exit} f' README.md | deps)
 diff <(echo "$readme") <(deps tests/embed/Cargo.toml) ||
   { echo "tests/embed/Cargo.toml's [dependencies] are not the README's (above: README <, embed >)" >&2; exit 1; }
 cargo run --locked --quiet --manifest-path tests/embed/Cargo.toml

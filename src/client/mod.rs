@@ -18,7 +18,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Files: `lock` (acquire, try, timeout, reentrancy; picks the backend), `claim` (the
+//! Files: `lock` (acquire, try, timeout, reentrancy; picks the backend), `backend` (the
 //! seam a backend plugs into), `session` (renewals and deadlines, the sources of
 //! loss), `guard` (the held grant), `progress` (what a waiter hears), `identity` (which
 //! pod this is: its variables, else its service-account token), and a folder per

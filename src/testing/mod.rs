@@ -14,8 +14,9 @@
 //!
 //! Not here: `crate::mutant`, the switches that put past bugs back for the mutation
 //! tests. Shipped code consults them, so they stay a leaf at the bottom of the import
-//! order; everything here sits above the code it drives. Only test modules
-//! (`#[cfg(test)]`) of shipped files import from here (`mock_api`, `bfs`).
+//! order; everything here sits above the code it drives. Below it, only test modules
+//! (`#[cfg(test)]`) of shipped files import from here (`mock_api`, `bfs`); above it, the
+//! binary's `check-log` uses `check`.
 
 #[cfg(test)]
 pub(crate) mod bfs;

@@ -1,10 +1,10 @@
 //! The Kubernetes backend of the client: a claim is a Lease in the pod's namespace,
 //! and the lock's status (read by a watch, never by polling) says when it is granted;
 //! a designated successor may be granted directly by the controller over HTTP
-//! ([`direct`]), and a holder tells the controller of its release ([`notice`]).
+//! ([`grant_wait`]), and a holder tells the controller of its release ([`notice`]).
 //!
-//! Files: `claim` (create, renew, give up), `wait` (the wait for a grant), `watch`
-//! (the lock's watch), `direct` and `notice`.
+//! Files: `lease` (the claim Lease: create, renew, give up), `wait` (the wait for a
+//! grant), `watch` (the lock's watch), `grant_wait` and `notice`.
 
 mod grant_wait;
 pub(crate) mod lease;
