@@ -49,12 +49,21 @@ pub(crate) enum Mutant {
     /// The controller tells every claim its plan grants of its grant before the status
     /// write, not only the successor the stored status designates.
     DirectGrantBeforeStored,
+    /// The etcd controller holds back the key of a pod its cache shows gone or replaced
+    /// without reading the pod afresh (a pod that claimed just now loses its claim).
+    EtcdHoldBackWithoutFreshRead,
+    /// The etcd controller deletes or moves a key without its mod revision as the Txn's
+    /// condition (a key gone meanwhile is made up again, on the controller's lease).
+    EtcdWriteWithoutRevision,
+    /// The etcd controller revokes the client's lease before moving the key onto its
+    /// own: the key goes with the lease, and the waiter behind grants itself.
+    EtcdClientLeaseRevokedFirst,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
 impl Mutant {
     /// Every mutant, in the order they were added.
-    pub(crate) const ALL: [Mutant; 16] = [
+    pub(crate) const ALL: [Mutant; 19] = [
         Mutant::PodGoneAsStopped,
         Mutant::ForgedAsReleased,
         Mutant::DeletedClaimFreesAtOnce,
@@ -71,6 +80,9 @@ impl Mutant {
         Mutant::StatusWithoutVersion,
         Mutant::StrayWithoutRead,
         Mutant::DirectGrantBeforeStored,
+        Mutant::EtcdHoldBackWithoutFreshRead,
+        Mutant::EtcdWriteWithoutRevision,
+        Mutant::EtcdClientLeaseRevokedFirst,
     ];
 
     /// Whether the decide core's world model (`decide::explore`) can show it; the
@@ -88,6 +100,9 @@ impl Mutant {
                 | Mutant::StatusWithoutVersion
                 | Mutant::StrayWithoutRead
                 | Mutant::DirectGrantBeforeStored
+                | Mutant::EtcdHoldBackWithoutFreshRead
+                | Mutant::EtcdWriteWithoutRevision
+                | Mutant::EtcdClientLeaseRevokedFirst
         )
     }
 }

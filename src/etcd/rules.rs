@@ -236,4 +236,4 @@ fn revocation(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -5,8 +5,8 @@
 //! trace of steps that reaches it.
 //!
 //! Three machines use it: the decide core's world model (`decide::explore`), the etcd
-//! rules' model (`etcd::rules::tests`) and the whole protocol — API server, two
-//! controllers, clients, a neighbour, time (`explore::system`).
+//! backend's model (`controller::etcd::explore`) and the whole protocol — API server,
+//! two controllers, clients, a neighbour, time (`explore::system`).
 
 use std::collections::{HashSet, VecDeque};
 use std::fmt::Debug;

@@ -5,7 +5,10 @@
 //! etcd grants, not the controller: when the controller is down, etcd-backed locks
 //! still hand over; only the status report and the revocations of gone pods wait.
 
+#[cfg(test)]
+mod explore;
 pub(crate) mod mirror;
+pub(crate) mod revoke;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,14 +23,15 @@ use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
 
 use self::mirror::{UNAVAILABLE_REQUEUE, View};
-use crate::api::{DistributedLock, EtcdBackend, RevokeReason};
+use crate::api::{DistributedLock, EtcdBackend};
 use crate::controller::backend::Backend;
 use crate::controller::context::Context;
 use crate::controller::error::{Error, MAX_CONFLICT_RETRIES};
 use crate::controller::status::{Step, Trouble, with_conditions, write_status};
 use crate::decide::{Action, ActionKind};
 use crate::etcd::Error as EtcdError;
-use crate::etcd::rules::{self, KeyAction, KeyView};
+use crate::etcd::keys::ClaimValue;
+use crate::etcd::rules::{self, KeyView};
 
 /// The etcd backend: every lock with `spec.backend.etcd`.
 pub(crate) struct Etcd;
@@ -100,20 +104,14 @@ async fn reconcile(
         ctx.metrics.set_queue_depth(&ns, &name, new.queue.len());
         let mut events = changes(&old, &new);
         let mut retry = false;
-        if let Some(client) = client {
-            for a in actions {
-                match pod_confirmed_gone(&ctx, &ns, &a).await {
-                    Some(true) => {}
-                    Some(false) => continue,
-                    None => {
-                        retry = true;
-                        continue;
-                    }
-                }
-                if let Some(event) = revoke(client.clone(), &a).await.map_err(Error::Etcd)? {
-                    events.push(event);
-                }
-            }
+        if let Some(etcd) = client {
+            let io = LiveKeys {
+                pods: Api::namespaced(ctx.client.clone(), &ns),
+                etcd,
+            };
+            let taken = revoke::take_away(&io, actions).await.map_err(Error::Etcd)?;
+            events.extend(taken.events);
+            retry = taken.retry;
         }
         // The same metrics as a Lease-backed lock's (a release here is seen when etcd
         // shows its key gone: no handoff is timed from a notice or a mark).
@@ -176,104 +174,51 @@ fn changes(old: &crate::api::DistributedLockStatus, new: &crate::api::Distribute
     out
 }
 
-/// Whether a key action may go ahead: a pod judged gone from the controller's pod cache
-/// is read afresh first (only on such trouble), so a claim made by a pod the cache has
-/// not shown yet is not held back. `None`: the read failed; look again soon.
-async fn pod_confirmed_gone(ctx: &Context, ns: &str, a: &KeyAction) -> Option<bool> {
-    let KeyAction::HoldBack {
-        value,
-        reason: RevokeReason::PodGone,
-        ..
-    } = a
-    else {
-        return Some(true);
-    };
-    if value.pod.is_empty() {
-        return Some(true);
+/// The controller's side of [`revoke::KeyIo`]: the pod API and the lock's etcd.
+struct LiveKeys {
+    pods: Api<Pod>,
+    etcd: Client,
+}
+
+impl revoke::KeyIo for LiveKeys {
+    async fn pod_uid(&self, pod: &str) -> Result<Option<String>, String> {
+        let got = self.pods.get_opt(pod).await.map_err(|e| e.to_string())?;
+        Ok(got.and_then(|p| p.uid()))
     }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    match pods.get_opt(&value.pod).await {
-        Ok(Some(pod)) if pod.uid().as_deref() == Some(value.pod_uid.as_str()) => {
-            tracing::info!(
-                pod = value.pod,
-                "the pod cache lags: the claim's pod is there; not revoking"
-            );
-            Some(false)
-        }
-        Ok(_) => Some(true),
-        Err(e) => {
-            tracing::warn!(pod = value.pod, error = %e, "confirming a pod gone failed; not revoking yet");
-            None
-        }
+
+    async fn grant_lease(&self, key: &str, ttl_seconds: i64) -> Result<i64, EtcdError> {
+        let granted = self.etcd.clone().lease_grant(ttl_seconds, None).await;
+        Ok(granted.map_err(|e| EtcdError::Revoke(key.into(), e))?.id())
+    }
+
+    async fn revoke_lease(&self, key: &str, id: i64) -> Result<(), EtcdError> {
+        let revoked = self.etcd.clone().lease_revoke(id).await;
+        revoked.map(drop).map_err(|e| EtcdError::Revoke(key.into(), e))
+    }
+
+    async fn delete(&self, key: &str, if_revision: Option<i64>) -> Result<bool, EtcdError> {
+        self.txn(key, if_revision, TxnOp::delete(key, None)).await
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        if_revision: Option<i64>,
+        value: &ClaimValue,
+        lease: i64,
+    ) -> Result<bool, EtcdError> {
+        let options = PutOptions::new().with_lease(lease);
+        self.txn(key, if_revision, TxnOp::put(key, value.to_bytes(), Some(options)))
+            .await
     }
 }
 
-/// Take one key away: delete it, or move it onto a fresh controller lease and revoke
-/// the client's (each only if the key is unchanged). Returns the event to publish.
-async fn revoke(mut client: Client, a: &KeyAction) -> Result<Option<Action>, EtcdError> {
-    match a {
-        KeyAction::Delete {
-            key,
-            claim,
-            mod_revision,
-            reason,
-        } => {
-            let txn = Txn::new()
-                .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, *mod_revision)])
-                .and_then([TxnOp::delete(key.as_str(), None)]);
-            let done = client.txn(txn).await.map_err(|e| EtcdError::Revoke(key.clone(), e))?;
-            tracing::info!(
-                claim,
-                ?reason,
-                deleted = done.succeeded(),
-                "deleting the claim key of a stopped pod"
-            );
-            Ok(None)
-        }
-        KeyAction::HoldBack {
-            key,
-            claim,
-            mod_revision,
-            client_lease,
-            create_revision,
-            ttl_seconds,
-            value,
-            reason,
-        } => {
-            let lease = client
-                .lease_grant(*ttl_seconds, None)
-                .await
-                .map_err(|e| EtcdError::Revoke(key.clone(), e))?
-                .id();
-            let put = TxnOp::put(
-                key.as_str(),
-                value.to_bytes(),
-                Some(PutOptions::new().with_lease(lease)),
-            );
-            let txn = Txn::new()
-                .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, *mod_revision)])
-                .and_then([put]);
-            let moved = client.txn(txn).await.map_err(|e| EtcdError::Revoke(key.clone(), e))?;
-            if !moved.succeeded() {
-                let _ = client.lease_revoke(lease).await; // the key changed meanwhile: look again
-                return Ok(None);
-            }
-            tracing::warn!(
-                claim,
-                ?reason,
-                ttl_seconds,
-                "held back the claim key of a pod that may still run"
-            );
-            if *client_lease != 0
-                && let Err(e) = client.lease_revoke(*client_lease).await
-            {
-                tracing::debug!(claim, error = %e, "revoking the client's lease failed (it learns at its next renewal)");
-            }
-            Ok(Some(Action::new(
-                claim,
-                &value.pod,
-                ActionKind::Revoked(*create_revision, *reason),
-            )))
-        }
+impl LiveKeys {
+    /// Do `op` on `key` in one Txn, if its mod revision is `if_revision` (any, when `None`).
+    async fn txn(&self, key: &str, if_revision: Option<i64>, op: TxnOp) -> Result<bool, EtcdError> {
+        let when = if_revision.map(|rev| Compare::mod_revision(key, CompareOp::Equal, rev));
+        let txn = Txn::new().when(when.into_iter().collect::<Vec<_>>()).and_then([op]);
+        let done = self.etcd.clone().txn(txn).await;
+        Ok(done.map_err(|e| EtcdError::Revoke(key.into(), e))?.succeeded())
     }
 }
