@@ -88,6 +88,7 @@ affinity: { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { no
 YAML
 tpl minimal.yaml -f "$rendered/minimal.values"
 tpl closed.yaml --set networkPolicy.enabled=true --set admission.enabled=false
+tpl etcd-tls.yaml --set 'etcdBackend.tlsSecrets[0].namespace=team-a' --set 'etcdBackend.tlsSecrets[0].names={etcd-client-tls}'
 tpl admission.yaml --set admission.enabled=true --set admission.failurePolicy=Fail --set 'clientRbac.namespaces={team-a}' \
   --set networkPolicy.enabled=true --set 'admission.clientAccounts={locks,leasehold-client}'
 tpl admission-claims.yaml --set admission.enabled=true --set watchNamespace=team-b
@@ -104,6 +105,15 @@ has "$d" 'helm.sh/resource-policy: keep' || fail "the CRD lacks the keep policy"
 has "$(doc "$rendered/default.yaml" PodDisruptionBudget leasehold)" 'minAvailable: 1' || fail "no PodDisruptionBudget by default"
 has "$d" 'podAntiAffinity:' || fail "no pod anti-affinity by default"
 has "$(doc "$rendered/default.yaml" ClusterRole leasehold)" 'resources: ["pods"]' || fail "the default ClusterRole does not cover pods"
+! has "$(doc "$rendered/default.yaml" ClusterRole leasehold)" 'secrets' || fail "the default install reads Secrets cluster-wide"
+r=$(doc "$rendered/etcd-tls.yaml" Role leasehold-etcd-tls)
+has "$r" 'namespace: team-a' && has "$r" 'resourceNames: ["etcd-client-tls"]' || fail "etcdBackend.tlsSecrets does not grant its Secrets by name"
+! has "$(doc "$rendered/etcd-tls.yaml" ClusterRole leasehold)" 'secrets' || fail "etcdBackend.tlsSecrets reads Secrets cluster-wide"
+j=$(doc "$rendered/default.yaml" Job leasehold-prepare-uninstall)
+has "$j" 'helm.sh/hook: pre-delete' && has "$j" '- --deployment=leasehold' || fail "no pre-delete hook stopping the controller and taking the finalizers off"
+has "$(doc "$rendered/default.yaml" Role leasehold-prepare-uninstall-controller)" 'resourceNames: ["leasehold"]' || fail "the hook may patch other Deployments"
+has "$(doc "$rendered/namespaced.yaml" Role leasehold-prepare-uninstall)" 'namespace: team-a' || fail "watchNamespace: the hook's rights on locks are not confined to it"
+has "$(doc "$rendered/namespaced.yaml" Job leasehold-prepare-uninstall)" '- --watch-namespace=team-a' || fail "watchNamespace does not reach the hook"
 has "$(doc "$rendered/default.yaml" ClusterRole leasehold-view)" 'aggregate-to-view: "true"' || fail "no aggregated view ClusterRole"
 has "$(doc "$rendered/old/v1.20.yaml" PodDisruptionBudget leasehold)" 'apiVersion: policy/v1beta1' || fail "Kubernetes 1.20 gets no policy/v1beta1 PodDisruptionBudget"
 has "$d" '- --probe-addr=0.0.0.0:8080' || fail "the probes are not served apart from the notices"

@@ -5,6 +5,7 @@ pub mod completions;
 mod controller;
 mod dev;
 pub mod install;
+pub mod prepare_uninstall;
 pub mod ready;
 pub mod run;
 pub(crate) mod status;
@@ -27,6 +28,10 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+    /// How logs are written to stderr: lines for people, or one JSON object a line for
+    /// log collectors.
+    #[arg(long, global = true, value_enum, env = "LEASEHOLD_LOG_FORMAT", default_value_t = crate::telemetry::LogFormat::Text)]
+    pub log_format: crate::telemetry::LogFormat,
 }
 
 /// The subcommands.
@@ -48,6 +53,10 @@ pub enum Command {
     /// Copy this binary to DIR/leasehold: an initContainer's way of giving an image that
     /// has none `leasehold run` (through a shared emptyDir).
     Install(install::InstallArgs),
+    /// Before an uninstall: let deleted locks go, stop the controller, and take the
+    /// fence finalizer off every lock, so that deleting a lock or its namespace later
+    /// does not hang (the chart's pre-delete hook).
+    PrepareUninstall(prepare_uninstall::PrepareUninstallArgs),
     /// Check a critical-section log (`start|end|term <token> <pod>` lines): mutual
     /// exclusion, strictly increasing tokens, optionally the expected order.
     #[command(hide = true)]
@@ -146,6 +155,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dev(args) => dev::run(args).await?,
         Command::Completions(args) => print!("{}", completions::script(args.shell)),
         Command::Install(args) => install::run(&args)?,
+        Command::PrepareUninstall(args) => prepare_uninstall::run(args).await?,
         Command::CheckLog {
             file,
             max_holders,

@@ -29,8 +29,8 @@ use crate::controller::context::Context;
 /// again (its reconcile requeues itself for the hold-back's end; this is a backstop).
 const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// How many write conflicts adding the finalizer rides out before the reconcile fails
-/// (and is retried).
+/// How many write conflicts adding (or, uninstalling, stripping) the finalizer rides
+/// out before it fails (the reconcile is retried).
 const MAX_ADD_ATTEMPTS: usize = 8;
 
 /// The finalizer the controller puts on locks whose claims are Leases.
@@ -120,6 +120,32 @@ pub async fn ensure(
         }
     }
     Ok(true)
+}
+
+/// Take the finalizer off `lock` whatever its holders, guarded by its resourceVersion
+/// and re-read on a conflict: for uninstalling, when no controller will fence them any
+/// more. Returns whether it was on.
+pub async fn strip(api: &Api<DistributedLock>, lock: &DistributedLock) -> Result<bool, Error> {
+    let name = lock.name_any();
+    let mut current = lock.clone();
+    for _ in 0..MAX_ADD_ATTEMPTS {
+        if !has_finalizer(&current) {
+            return Ok(false);
+        }
+        let patch = finalizers_patch(&current, false);
+        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(false),
+            Err(kube::Error::Api(s)) if s.is_conflict() => match api.get_opt(&name).await {
+                Ok(Some(fresh)) => current = fresh,
+                Ok(None) => return Ok(false),
+                Err(e) => return Err(Error::Read(name, e)),
+            },
+            Err(e) => return Err(Error::Remove(name, e)),
+        }
+    }
+    let conflict = kube::core::Status::failure("written meanwhile, again and again", "Conflict").with_code(409);
+    Err(Error::Remove(name, kube::Error::Api(conflict.boxed())))
 }
 
 /// Whether `lock` is fenced by the finalizer: a Lease-backed lock carrying it, decided

@@ -67,7 +67,8 @@ policy/v1beta1
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- if .Values.etcdBackend.readTlsSecrets }}
-# The etcd backend: read a lock's spec.backend.etcd.tlsSecretRef to reach its etcd.
+# The etcd backend: read a lock's spec.backend.etcd.tlsSecretRef to reach its etcd
+# (etcdBackend.readTlsSecrets: any Secret; etcdBackend.tlsSecrets names them instead).
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]

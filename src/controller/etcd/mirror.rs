@@ -107,7 +107,15 @@ async fn tls_of(client: &kube::Client, ns: &str, backend: &EtcdBackend) -> Resul
     let secret = Api::<Secret>::namespaced(client.clone(), ns)
         .get(&r.name)
         .await
-        .map_err(|e| format!("reading the etcd TLS Secret {}: {e}", r.name))?;
+        .map_err(|e| {
+            let hint = match &e {
+                kube::Error::Api(s) if s.code == 403 => {
+                    " (the controller may not read it: grant it with the chart's etcdBackend.tlsSecrets)"
+                }
+                _ => "",
+            };
+            format!("reading the etcd TLS Secret {}: {e}{hint}", r.name)
+        })?;
     let data = secret.data.unwrap_or_default();
     let field = |k: &'static str| {
         data.get(k)
