@@ -127,7 +127,7 @@ const FAULTS: [Fault; 8] = [
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    leasehold::telemetry::init("warn,kube_client=error");
+    leasehold::telemetry::init("warn,kube_client=error", leasehold::telemetry::LogFormat::Text);
     let a = args();
     let kubeconfig = leasehold::testing::spawn_for_process(&leasehold(), Duration::from_secs(600))?;
     let client = leasehold::kubeconfig::client_for(&kubeconfig).await?;

@@ -50,6 +50,9 @@ tools=$(scripts/chart-check.sh)
 LEASEHOLD_HELM=$(sed -n 's/^LEASEHOLD_HELM=//p' <<<"$tools")
 export LEASEHOLD_HELM
 
+step "the chart's alert rules and dashboard: promtool check and test rules, every dashboard query parsed"
+scripts/check-observability.sh
+
 if [ "$(id -u)" = 0 ]; then
   step "end-to-end scenario on a real node (containerd + kubelet): tests/e2e/real-node.sh"
   tests/e2e/real-node.sh

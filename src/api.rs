@@ -53,7 +53,35 @@ pub const DEFAULT_MAX_HOLDERS: i32 = 1;
         description = "Whether the controller reconciles the lock and accepts its claims",
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Holders",
+        type_ = "string",
+        description = "Pods of every holder (kubectl get -o wide)",
+        json_path = ".status.holders[*].pod",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Max",
+        type_ = "integer",
+        description = "How many may hold at once (spec.maxHolders)",
+        json_path = ".spec.maxHolders",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Successor",
+        type_ = "string",
+        description = "The waiter that takes the next slot to free (kubectl get -o wide)",
+        json_path = ".status.successor.claim",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Refused",
+        type_ = "string",
+        description = "Claims not queued, and why (status.refused)",
+        json_path = ".status.refused[*].reason",
+        priority = "1"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DistributedLockSpec {

@@ -105,7 +105,27 @@ mod tests {
             .iter()
             .map(|c| c["name"].as_str().unwrap().to_string())
             .collect();
-        assert_eq!(cols, ["Holder", "Queue", "Token", "Ready", "Age"]);
+        assert_eq!(
+            cols,
+            [
+                "Holder",
+                "Queue",
+                "Token",
+                "Ready",
+                "Age",
+                "Holders",
+                "Max",
+                "Successor",
+                "Refused"
+            ]
+        );
+        let wide = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+            .as_array()
+            .unwrap();
+        assert!(
+            wide[5..].iter().all(|c| c["priority"] == 1),
+            "the last four only with -o wide"
+        );
         let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
         let conditions = &status["properties"]["conditions"];
         assert_eq!(conditions["x-kubernetes-list-type"], "map", "conditions merge by type");

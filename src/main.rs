@@ -10,7 +10,7 @@ fn main() -> ExitCode {
     if let Some(code) = leasehold::cli::run_sync(&cli) {
         return code;
     }
-    leasehold::telemetry::init(cli.default_log_filter());
+    leasehold::telemetry::init(cli.default_log_filter(), cli.log_format);
     let result = cli
         .runtime()
         .map_err(anyhow::Error::from)

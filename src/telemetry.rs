@@ -7,14 +7,29 @@ pub const DEFAULT_FILTER: &str =
 /// A quieter default for output meant for people (the demo).
 pub const QUIET_FILTER: &str = "warn,kube_client=error,kube_client::client::builder=off";
 
-/// Install the global tracing subscriber (`RUST_LOG`, else `default`). Safe to call twice.
-pub fn init(default: &str) {
+/// How logs are written.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Lines for people (colours on a terminal).
+    #[default]
+    Text,
+    /// One JSON object a line (`timestamp`, `level`, `fields.message`, the other
+    /// fields, `target`, `span`), for log collectors.
+    Json,
+}
+
+/// Install the global tracing subscriber (`RUST_LOG`, else `default`) writing `format`
+/// to stderr. Safe to call twice.
+pub fn init(default: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
 }

@@ -259,9 +259,17 @@ impl Metrics {
         self.queue_depth.get_or_create(&self.lock_series(ns, lock)).set(depth);
     }
 
-    /// Record whether this replica leads.
+    /// Record whether this replica leads. A deposed replica drops its per-lock series:
+    /// the new leader counts from now on, and sums over replicas do not count a lock
+    /// twice (a counter that comes back later starts again, which `rate` takes as a reset).
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
+        if !leading {
+            let mut series = self.locks.lock().expect("lock series poisoned");
+            for labels in series.known.drain() {
+                self.remove_lock_series(&labels);
+            }
+        }
     }
 
     /// Keep the per-lock series in step with the lock watch: remove a deleted lock's,
@@ -420,6 +428,123 @@ mod tests {
             series_of(&m, "ns", "b"),
             ["leasehold_queue_depth{namespace=\"ns\",lock=\"b\"} 1"]
         );
+    }
+
+    #[test]
+    fn a_deposed_replica_drops_its_per_lock_series() {
+        let m = Metrics::default();
+        m.set_leader(true);
+        m.record_grant("ns", "a", Some(1.0));
+        m.set_queue_depth("ns", "a", 2);
+        m.record_error("status_write");
+        assert_eq!(series_of(&m, "ns", "a").len(), 2);
+        m.set_leader(false);
+        assert!(series_of(&m, "ns", "a").is_empty(), "{}", m.encode());
+        let text = m.encode();
+        assert!(text.contains("leasehold_leader 0"), "{text}");
+        assert!(
+            text.contains("leasehold_errors_total{category=\"status_write\"} 1"),
+            "replica-wide series stay: {text}"
+        );
+        m.set_leader(true);
+        m.record_grant("ns", "a", None);
+        assert!(
+            m.encode()
+                .contains("leasehold_grants_total{namespace=\"ns\",lock=\"a\"} 1")
+        );
+    }
+
+    /// Every name a sample of this registry may carry: a counter's with `_total`, a
+    /// histogram's base name and its `_bucket`, `_sum` and `_count`.
+    fn exposed() -> (std::collections::BTreeSet<String>, std::collections::BTreeSet<String>) {
+        let (mut listed, mut samples) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+        // A family shows only once it has a series: give each one.
+        let m = Metrics::default();
+        m.record_grant("ns", "l", None);
+        m.record_slot_end(None, Some(RevokeReason::PodGone));
+        m.set_queue_depth("ns", "l", 0);
+        m.record_error("e");
+        m.record_notice("n");
+        let webhook = CategoryLabels {
+            category: "webhook".into(),
+        };
+        m.admission_enforced.get_or_create(&webhook).set(1);
+        for line in m.encode().lines() {
+            let Some([name, kind]) = line.strip_prefix("# TYPE ").map(|t| {
+                let mut w = t.split(' ');
+                [w.next().unwrap_or_default(), w.next().unwrap_or_default()]
+            }) else {
+                continue;
+            };
+            let (name, kind) = (name.to_string(), kind.to_string());
+            match kind.as_str() {
+                "counter" => {
+                    listed.insert(format!("{name}_total"));
+                    samples.insert(format!("{name}_total"));
+                }
+                "histogram" => {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        samples.insert(format!("{name}{suffix}"));
+                    }
+                    listed.insert(name);
+                }
+                _ => {
+                    samples.insert(name.clone());
+                    listed.insert(name);
+                }
+            }
+        }
+        (listed, samples)
+    }
+
+    /// The `leasehold_*` names in `text`.
+    fn names_in(text: &str) -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        let mut rest = text;
+        while let Some(at) = rest.find("leasehold_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+                .unwrap_or(tail.len());
+            out.insert(tail[..end].to_string());
+            rest = &tail[end..];
+        }
+        out
+    }
+
+    #[test]
+    fn the_readme_lists_every_metric_by_its_exposed_name_and_the_chart_uses_no_other() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+        let readme = read("README.md");
+        let from = readme
+            .find("The controller serves Prometheus metrics")
+            .expect("the README's metric list");
+        let to = from
+            + readme[from..]
+                .find("plus `/healthz`")
+                .expect("the end of the metric list");
+        let (listed, samples) = exposed();
+        assert_eq!(
+            names_in(&readme[from..to]),
+            listed,
+            "README's metric list vs the registry"
+        );
+        for file in [
+            "charts/leasehold/files/alerts.yaml",
+            "charts/leasehold/files/dashboard.json",
+        ] {
+            let used = names_in(&read(file));
+            let unknown: Vec<_> = used
+                .iter()
+                .filter(|n| !samples.contains(*n) && !listed.contains(*n))
+                .collect();
+            assert!(
+                unknown.is_empty(),
+                "{file} uses metrics the controller does not expose: {unknown:?}"
+            );
+            assert!(!used.is_empty(), "{file} uses no leasehold metric");
+        }
     }
 
     #[test]

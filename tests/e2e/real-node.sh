@@ -128,7 +128,8 @@ POD_EXTRAS="      hostNetwork: true
 ENV_EXTRAS="            - { name: KUBERNETES_SERVICE_HOST, value: \"127.0.0.1\" }
             - { name: KUBERNETES_SERVICE_PORT, value: \"$API_PORT\" }"
 EXAMPLE_EXTRAS=(--host-network "127.0.0.1:$API_PORT")
-HELM_EXTRA=(--take-ownership --set hostNetwork=true --set probes.enabled=false
+LOG_FORMAT_JSON=1
+HELM_EXTRA=(--take-ownership --set hostNetwork=true --set probes.enabled=false --set logFormat=json
   --set "extraEnv[0].name=KUBERNETES_SERVICE_HOST" --set-string "extraEnv[0].value=127.0.0.1"
   --set "extraEnv[1].name=KUBERNETES_SERVICE_PORT" --set-string "extraEnv[1].value=$API_PORT")
 run_scenario

@@ -325,12 +325,13 @@ YAML
   k delete deploy -n "$NS" lead-1 lead-2 --wait=false >/dev/null
 }
 
-# container_log POD CONTAINER: what CONTAINER of POD printed, through the API server, or
+# container_log POD CONTAINER [NS]: what CONTAINER of POD (in NS, default $NS) printed, through the API server, or
 # where that cannot reach the kubelet (the real node's kubelet does not authenticate the
 # API server), from this host's kubelet log file (CRI lines: time stream tag message).
 container_log() {
-  k logs -n "$NS" "$1" -c "$2" 2>/dev/null && return
-  local f; f=$(ls /var/log/pods/"${NS}_$1_"*/"$2"/0.log 2>/dev/null | head -1)
+  local ns=${3:-$NS}
+  k logs -n "$ns" "$1" -c "$2" 2>/dev/null && return
+  local f; f=$(ls /var/log/pods/"${ns}_$1_"*/"$2"/0.log 2>/dev/null | head -1)
   [ -n "$f" ] || { echo "no log of $1/$2 through the API server or in /var/log/pods" >&2; return 1; }
   cut -d' ' -f4- "$f"
 }
@@ -366,6 +367,44 @@ kill_leader() {
   hand_off
 }
 
+# gone KIND NAME [ARGS...]: the object is not there (else say that it still is).
+gone() { ! k get "$@" >/dev/null 2>&1 || { echo "$* is still there: $(k get "$@" -o jsonpath='{.metadata.deletionTimestamp} {.metadata.finalizers}')"; return 1; }; }
+
+# helm uninstall, then delete the app namespace while its lock is granted: the chart's
+# pre-delete hook (leasehold prepare-uninstall) stopped the controller and took the
+# fence finalizer off, so the namespace goes (before it, it hung on the lock for ever).
+uninstall_without_hang() {
+  step "helm uninstall with a lock granted, then deleting its namespace: nothing hangs"
+  local before; before=$(holder)
+  [ -n "$before" ] || fail "singleton has no holder before the uninstall"
+  has_line "leasehold.dev/fence-holders" k get dlock -n "$NS" singleton -o jsonpath='{.metadata.finalizers}' >/dev/null ||
+    fail "the granted lock carries no fence finalizer before the uninstall"
+  # What an operator reads first: -o wide's holders, maxHolders and successor, and
+  # `leasehold status` with the Ready condition.
+  local wide; wide=$(k get dlock -n "$NS" singleton -o wide)
+  grep -qE 'HOLDERS +MAX +SUCCESSOR' <<<"$wide" && grep -qF "$before" <<<"$wide" ||
+    fail "kubectl get dlock -o wide shows no holders, maxHolders and successor: $wide"
+  printf '%s\n' "$wide"
+  local status; status=$("$LEASEHOLD" status -n "$NS" singleton)
+  grep -q '^Ready: True' <<<"$status" && grep -qE "^holder +$before " <<<"$status" ||
+    fail "leasehold status shows no Ready condition or holder: $status"
+  printf '%s\n' "$status"
+  if [ -n "${LOG_FORMAT_JSON:-}" ]; then
+    local pod; pod=$(leader)
+    container_log "$pod" controller "$SYSNS" | tail -20 | python3 -c 'import json, sys; lines = [json.loads(l) for l in sys.stdin if l.strip()]; assert lines and all("level" in l and "timestamp" in l for l in lines), lines' ||
+      fail "logFormat=json: the controller's log lines are not JSON objects"
+    echo "  the controller logs JSON lines (logFormat=json)"
+  fi
+  "$HELM" uninstall leasehold -n "$SYSNS" --wait --timeout 5m ||
+    fail "helm uninstall failed: $(k get pods -n "$SYSNS" -o wide 2>&1; k logs -n "$SYSNS" job/leasehold-prepare-uninstall 2>&1)"
+  k get crd distributedlocks.leasehold.dev >/dev/null || fail "the CRD did not stay (crds.keep)"
+  is "$before" holder || fail "the uninstall changed the holder"
+  is "" k get dlock -n "$NS" singleton -o jsonpath='{.metadata.finalizers}' || fail "the fence finalizer is still on"
+  k delete namespace "$NS" --wait=false >/dev/null
+  within 180 "the namespace holding a granted lock did not go after the uninstall" gone namespace "$NS"
+  echo "  uninstalled with $before holding; namespace $NS gone, the CRD kept"
+}
+
 run_scenario() {
   install_chart
   admission_confines_clients
@@ -374,5 +413,6 @@ run_scenario() {
   only_the_holder_ready
   any_image
   kill_leader
+  uninstall_without_hang
   step "end-to-end scenario passed"
 }
