@@ -56,6 +56,35 @@ async fn fifo_order_of_five_waiters_with_handoff_on_release() {
     .await;
 }
 
+/// The version-skew rule (docs/operations.md): today's controller serves claims in the
+/// oldest format a client wrote: label, pod UID, owner and lease, with no requested-at,
+/// wait lease, release hash or wait hash. They queue in arrival order, are granted with
+/// rising tokens, and a release with `"true"` passes the lock on.
+#[tokio::test]
+async fn claims_in_the_oldest_format_are_queued_granted_and_released() {
+    let ns = TestNs::new("skew").await;
+    let _c = spawn_controller(&ns, "skew");
+    ns.lock("l", spec(120, 1)).await;
+    let mut claims = Vec::new();
+    for i in 0..2 {
+        let pod = ns.pod(&format!("p{i}")).await;
+        let name = leasehold::protocol::claim::claim_name("l");
+        let mut lease = leasehold::protocol::claim::claim_lease(&name, "l", &pod, 120);
+        let annotations = lease.metadata.annotations.as_mut().unwrap();
+        annotations.retain(|k, _| k == leasehold::protocol::POD_UID_ANNOTATION);
+        leases(&ns).create(&PostParams::default(), &lease).await.unwrap();
+        let seen = |l: &leasehold::api::DistributedLock| holders(l).len() + queue(l).len() == i + 1;
+        ns.wait_lock("l", &format!("claim {i} seen"), seen).await;
+        claims.push(name);
+    }
+    let l = ns.wait_lock("l", "p0 holds, p1 waits", |l| holders(l) == ["p0"]).await;
+    assert_eq!(queue(&l), ["p1"]);
+    let first = tokens(&l)[0];
+    release(&ns, &claims[0]).await;
+    let l = ns.wait_lock("l", "p1 holds", |l| holders(l) == ["p1"]).await;
+    assert!(tokens(&l)[0] > first, "tokens rise: {:?} after {first}", tokens(&l));
+}
+
 #[tokio::test]
 async fn holder_pod_deleted_or_finished_revokes_at_once() {
     let ns = TestNs::new("poddeath").await;
