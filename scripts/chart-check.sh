@@ -88,7 +88,8 @@ affinity: { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { no
 YAML
 tpl minimal.yaml -f "$rendered/minimal.values"
 tpl closed.yaml --set networkPolicy.enabled=true --set admission.enabled=false
-tpl etcd-tls.yaml --set 'etcdBackend.tlsSecrets[0].namespace=team-a' --set 'etcdBackend.tlsSecrets[0].names={etcd-client-tls}'
+tpl etcd-tls.yaml --set 'etcdBackend.tlsSecrets[0].namespace=team-a' --set 'etcdBackend.tlsSecrets[0].names={etcd-client-tls}' \
+  --set 'etcdBackend.tlsSecrets[1].namespace=team-a' --set 'etcdBackend.tlsSecrets[1].names={other-tls}'
 tpl admission.yaml --set admission.enabled=true --set admission.failurePolicy=Fail --set 'clientRbac.namespaces={team-a}' \
   --set networkPolicy.enabled=true --set 'admission.clientAccounts={locks,leasehold-client}'
 tpl admission-claims.yaml --set admission.enabled=true --set watchNamespace=team-b
@@ -106,11 +107,15 @@ has "$(doc "$rendered/default.yaml" PodDisruptionBudget leasehold)" 'minAvailabl
 has "$d" 'podAntiAffinity:' || fail "no pod anti-affinity by default"
 has "$(doc "$rendered/default.yaml" ClusterRole leasehold)" 'resources: ["pods"]' || fail "the default ClusterRole does not cover pods"
 ! has "$(doc "$rendered/default.yaml" ClusterRole leasehold)" 'secrets' || fail "the default install reads Secrets cluster-wide"
-r=$(doc "$rendered/etcd-tls.yaml" Role leasehold-etcd-tls)
+r=$(doc "$rendered/etcd-tls.yaml" Role leasehold-etcd-tls-0)
 has "$r" 'namespace: team-a' && has "$r" 'resourceNames: ["etcd-client-tls"]' || fail "etcdBackend.tlsSecrets does not grant its Secrets by name"
-! has "$(doc "$rendered/etcd-tls.yaml" ClusterRole leasehold)" 'secrets' || fail "etcdBackend.tlsSecrets reads Secrets cluster-wide"
+c=$(doc "$rendered/etcd-tls.yaml" ClusterRole leasehold)
+has "$c" 'resources: ["pods"]' && ! has "$c" 'secrets' || fail "etcdBackend.tlsSecrets reads Secrets cluster-wide"
+[ -n "$(doc "$rendered/etcd-tls.yaml" Role leasehold-etcd-tls-1)" ] || fail "a second etcdBackend.tlsSecrets entry renders no Role of its own"
 j=$(doc "$rendered/default.yaml" Job leasehold-prepare-uninstall)
 has "$j" 'helm.sh/hook: pre-delete' && has "$j" '- --deployment=leasehold' || fail "no pre-delete hook stopping the controller and taking the finalizers off"
+has "$j" 'activeDeadlineSeconds: 240' && has "$j" 'sidecar.istio.io/inject: "false"' || fail "the hook Job may outlive Helm's timeout or wait on a sidecar"
+has "$(doc "$rendered/default.yaml" ClusterRole leasehold-prepare-uninstall)" 'hook-failed' || fail "a failed hook leaves its account with patch on every lock behind"
 has "$(doc "$rendered/default.yaml" Role leasehold-prepare-uninstall-controller)" 'resourceNames: ["leasehold"]' || fail "the hook may patch other Deployments"
 has "$(doc "$rendered/namespaced.yaml" Role leasehold-prepare-uninstall)" 'namespace: team-a' || fail "watchNamespace: the hook's rights on locks are not confined to it"
 has "$(doc "$rendered/namespaced.yaml" Job leasehold-prepare-uninstall)" '- --watch-namespace=team-a' || fail "watchNamespace does not reach the hook"

@@ -4,7 +4,8 @@
 //! takes off; once it is uninstalled, deleting such a lock, or a namespace holding one,
 //! would hang. So, in order:
 //! 1. locks already being deleted are given `--drain-timeout` for the running
-//!    controller to let them go as it does (once their holders have stopped);
+//!    controller to let them go as it does (once their holders have stopped); those
+//!    still there after it lose their fence with the rest (a warning names them);
 //! 2. the controller's Deployment is scaled to 0 and its pods awaited (a running
 //!    replica would put the finalizer back at its next turn);
 //! 3. the finalizer is taken off every lock. What still holds keeps its claim; with no
@@ -56,7 +57,17 @@ pub async fn run(args: PrepareUninstallArgs) -> anyhow::Result<()> {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let deadline = Instant::now() + args.drain_timeout;
+    let ns = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    // No replica running (a retry after the scale-down): nothing would let them go.
+    let running = match &args.deployment {
+        Some(name) => controller_pods(&client, &ns, name).await?.is_some_and(|n| n > 0),
+        None => false,
+    };
+    let drain = if running { args.drain_timeout } else { Duration::ZERO };
+    let deadline = Instant::now() + drain;
     let closing = loop {
         let closing = closing(&locks).await?;
         if closing.is_empty() || Instant::now() >= deadline {
@@ -65,17 +76,14 @@ pub async fn run(args: PrepareUninstallArgs) -> anyhow::Result<()> {
         sleep(POLL).await;
     };
     if !closing.is_empty() {
-        println!(
-            "still fenced after {:?} (their holders may run): {}",
-            args.drain_timeout,
-            closing.join(", ")
+        tracing::warn!(
+            locks = closing.join(", "),
+            "deleted locks still fenced after {drain:?}: their revoked holders may still run, and a lock \
+             re-created under one of these names may grant beside them (their fencing tokens stay apart)"
         );
     }
     match &args.deployment {
-        Some(name) => {
-            let ns = args.namespace.unwrap_or_else(|| client.default_namespace().to_string());
-            stop_controller(client.clone(), &ns, name, args.timeout).await?;
-        }
+        Some(name) => stop_controller(&client, &ns, name, args.timeout).await?,
         None => println!("no --deployment: taking it that the controller is stopped"),
     }
     let mut stripped = Vec::new();
@@ -104,33 +112,50 @@ async fn closing(locks: &Api<DistributedLock>) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
-/// Scale Deployment `name` to 0 and wait until none of its pods is left.
-async fn stop_controller(client: kube::Client, ns: &str, name: &str, timeout: Duration) -> anyhow::Result<()> {
+/// How many pods of Deployment `ns/name` may still run (not Succeeded or Failed: an
+/// evicted pod stays Failed for good); `None` when there is no such Deployment.
+async fn controller_pods(client: &kube::Client, ns: &str, name: &str) -> anyhow::Result<Option<usize>> {
+    let Some(d) = Api::<Deployment>::namespaced(client.clone(), ns).get_opt(name).await? else {
+        return Ok(None);
+    };
+    let labels = d.spec.and_then(|s| s.selector.match_labels).unwrap_or_default();
+    anyhow::ensure!(
+        !labels.is_empty(),
+        "deployment {ns}/{name} selects its pods by no label: not guessing which pods are the controller's"
+    );
+    let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let list = ListParams::default().labels(&selector.join(","));
+    let pods = Api::<Pod>::namespaced(client.clone(), ns).list(&list).await?.items;
+    let ended = |p: &&Pod| {
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+        matches!(phase, Some("Succeeded" | "Failed"))
+    };
+    Ok(Some(pods.iter().filter(|p| !ended(p)).count()))
+}
+
+/// Scale Deployment `name` to 0 and wait until none of its pods may still run.
+async fn stop_controller(client: &kube::Client, ns: &str, name: &str, timeout: Duration) -> anyhow::Result<()> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let Some(d) = deployments.get_opt(name).await? else {
+    if deployments.get_opt(name).await?.is_none() {
         println!("deployment {ns}/{name} is not there: nothing to stop");
         return Ok(());
-    };
+    }
     let zero = serde_json::json!({"spec": {"replicas": 0}});
     deployments
         .patch(name, &PatchParams::default(), &Patch::Merge(&zero))
         .await?;
-    let labels = d.spec.and_then(|s| s.selector.match_labels).unwrap_or_default();
-    let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let pods: Api<Pod> = Api::namespaced(client, ns);
-    let list = ListParams::default().labels(&selector.join(","));
     let deadline = Instant::now() + timeout;
     loop {
-        let left = pods.list(&list).await?.items.len();
+        let left = controller_pods(client, ns, name).await?.unwrap_or(0);
         if left == 0 {
-            println!("scaled deployment {ns}/{name} to 0; its pods are gone");
+            println!("scaled deployment {ns}/{name} to 0; none of its pods runs");
             return Ok(());
         }
         if Instant::now() >= deadline {
             anyhow::bail!(
-                "{left} pod(s) of deployment {ns}/{name} still there after {timeout:?}: not taking the \
-                 finalizers off while a controller may put them back (retry, or stop it and run \
-                 `leasehold prepare-uninstall` without --deployment)"
+                "{left} pod(s) of deployment {ns}/{name} still running after {timeout:?}: not taking \
+                 the finalizers off while a controller may put them back (it stays scaled to 0: \
+                 retry, or scale it back up to keep the release)"
             );
         }
         sleep(POLL).await;

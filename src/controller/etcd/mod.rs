@@ -103,15 +103,15 @@ async fn reconcile(
         }
         ctx.metrics.set_queue_depth(&ns, &name, new.queue.len());
         let mut events = changes(&old, &new);
-        let mut retry = false;
+        let (mut retry, mut failed) = (false, None);
         if let Some(etcd) = client {
             let io = LiveKeys {
                 pods: Api::namespaced(ctx.client.clone(), &ns),
                 etcd,
             };
-            let taken = revoke::take_away(&io, actions).await.map_err(Error::Etcd)?;
+            let taken = revoke::take_away(&io, actions).await;
             events.extend(taken.events);
-            retry = taken.retry;
+            (retry, failed) = (taken.retry, taken.failed);
         }
         // The same metrics as a Lease-backed lock's (a release here is seen when etcd
         // shows its key gone: no handoff is timed from a notice or a mark).
@@ -119,6 +119,9 @@ async fn reconcile(
             .record_actions((&ns, &name), &old, &events, &[], Timestamp::now());
         ctx.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
         crate::controller::events::publish_actions(&ctx, &current, events);
+        if let Some(e) = failed {
+            return Err(Error::Etcd(e)); // what was done before it is published above
+        }
         if let Some(Trouble {
             reason: "EtcdUnavailable",
             ..

@@ -44,16 +44,20 @@ pub trait KeyIo {
 }
 
 /// What taking keys away did.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default)]
 pub struct Taken {
     /// The revocations to publish (as the decide core's actions).
     pub events: Vec<Action>,
     /// A pod could not be read: look at the lock again soon.
     pub retry: bool,
+    /// The etcd request that failed, if one did: the actions after it were not tried
+    /// (the ones before it were done, and their events are above).
+    pub failed: Option<Error>,
 }
 
-/// Carry out `actions` in order (see the module docs).
-pub async fn take_away(io: &impl KeyIo, actions: Vec<KeyAction>) -> Result<Taken, Error> {
+/// Carry out `actions` in order (see the module docs), up to the first etcd request
+/// that fails.
+pub async fn take_away(io: &impl KeyIo, actions: Vec<KeyAction>) -> Taken {
     let mut taken = Taken::default();
     for a in actions {
         match confirmed(io, &a).await {
@@ -64,11 +68,16 @@ pub async fn take_away(io: &impl KeyIo, actions: Vec<KeyAction>) -> Result<Taken
                 continue;
             }
         }
-        if let Some(event) = take_one(io, &a).await? {
-            taken.events.push(event);
+        match take_one(io, &a).await {
+            Ok(Some(event)) => taken.events.push(event),
+            Ok(None) => {}
+            Err(e) => {
+                taken.failed = Some(e);
+                break;
+            }
         }
     }
-    Ok(taken)
+    taken
 }
 
 /// Whether `a` may go ahead: a pod judged gone or replaced on the pod cache's word is
