@@ -273,7 +273,8 @@ mod tests {
             assert!(run.split(['\'', ' ']).any(|w| w == flag), "{flag} missing: {run}");
         }
         assert!(text.contains(r#""status --output"|"status -o") COMPREPLY=($(compgen -W 'table json yaml'"#));
-        assert!(text.contains("completions) opts='--help -h'; values='bash zsh fish'"));
+        assert!(text.contains("completions) opts='--log-format --help -h'; values='bash zsh fish'"));
+        assert!(text.contains(r#""status --log-format") COMPREPLY=($(compgen -W 'text json'"#));
     }
 
     #[test]
@@ -293,7 +294,7 @@ mod tests {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
-            "--lock\nstatus\ntable json yaml\n"
+            "--lock --log-format\nstatus\ntable json yaml\n"
         );
     }
 
