@@ -76,7 +76,7 @@ pub struct Grant<'a> {
 impl Grant<'_> {
     /// The bytes signed: every field, one per line, after a fixed tag (no field can
     /// hold a newline: they are Kubernetes names and UIDs).
-    fn message(&self) -> Vec<u8> {
+    pub(crate) fn message(&self) -> Vec<u8> {
         let Grant {
             namespace,
             lock,
@@ -112,7 +112,7 @@ pub struct WrittenRelease<'a> {
 }
 
 impl WrittenRelease<'_> {
-    fn message(&self) -> Vec<u8> {
+    pub(crate) fn message(&self) -> Vec<u8> {
         let WrittenRelease {
             namespace,
             lock,
@@ -159,6 +159,12 @@ impl GrantKey {
         let rng = ring::rand::SystemRandom::new();
         let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("the system's RNG works");
         GrantKey(ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).expect("a key ring just made"))
+    }
+
+    /// The key of a 32-byte Ed25519 `seed` (the protocol's test vectors).
+    #[cfg(test)]
+    pub(crate) fn from_seed(seed: &[u8]) -> Self {
+        GrantKey(ring::signature::Ed25519KeyPair::from_seed_unchecked(seed).expect("a 32-byte seed"))
     }
 
     /// The public half, hex-encoded, as published in status.

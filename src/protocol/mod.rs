@@ -77,6 +77,8 @@ pub mod notice;
 pub mod record;
 pub mod release;
 pub mod timing;
+#[cfg(test)]
+mod vectors;
 
 use crate::api::DistributedLockStatus;
 

@@ -32,6 +32,12 @@ impl Secret {
         Secret(hex(&rand::random::<[u8; 32]>()))
     }
 
+    /// The secret whose revealed value is `revealed` (the protocol's test vectors).
+    #[cfg(test)]
+    pub(crate) fn from_revealed(revealed: &str) -> Self {
+        Secret(revealed.to_string())
+    }
+
     /// The value written as the release mark.
     pub fn reveal(&self) -> &str {
         &self.0
