@@ -1,0 +1,268 @@
+"""The client's two HTTP exchanges with the controller (``docs/protocol.md``, "HTTP"):
+the release notice a holder sends when it is done, and the wait of a designated
+successor for its direct grant. Both go to the plain ``http://host:port`` URL a lock's
+status publishes; an answer counts only when it verifies against the Ed25519 key that
+same status publishes. Whatever goes wrong here, the caller falls back to the claim
+(the release mark) or to the status (a grant seen by the watch).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from urllib.parse import urlsplit
+
+from . import protocol as p
+
+log = logging.getLogger("leasehold_client")
+
+NOTICE_PATH = "/v1/release"
+GRANT_PATH = "/v1/grant"
+WRITTEN_HEADER, WRITTEN_VALUE = "leasehold-release", "written"
+WRITTEN_SIGNATURE_HEADER = "leasehold-release-signature"
+TOKEN_HEADER = "leasehold-fencing-token"
+SIGNATURE_HEADER = "leasehold-grant-signature"
+#: How long a URL found unreachable is skipped before it is tried again.
+UNREACHABLE_FOR = 60.0
+#: The least time between two waits for one designation.
+REASK_AFTER = 1.0
+
+
+@dataclass(frozen=True)
+class NoticeTarget:
+    """Where a holder sends its notice and how it checks the answer, from one status."""
+
+    url: str
+    key: str
+    lock_uid: str
+
+    @staticmethod
+    def of(lock: Mapping[str, Any]) -> Optional["NoticeTarget"]:
+        """The target ``lock``'s status publishes, if it publishes one."""
+        status = lock.get("status") or {}
+        url, key = status.get("releaseUrl"), status.get("grantKey")
+        uid = (lock.get("metadata") or {}).get("uid")
+        if not (url and key and uid):
+            return None
+        return NoticeTarget(url, key, uid)
+
+
+class _Reach:
+    """What this process knows of the notice URLs it met: probed once, skipped a while
+    when found unreachable."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: Dict[str, Tuple[str, float]] = {}
+
+    def unreachable(self, url: str, now: float) -> bool:
+        with self._lock:
+            state, until = self._known.get(url, ("", 0.0))
+            return state == "unreachable" and until > now
+
+    def learn(self, url: str, reached: bool, now: float) -> None:
+        with self._lock:
+            self._known[url] = ("reached", 0.0) if reached else ("unreachable", now + UNREACHABLE_FOR)
+
+    def probe(self, url: str, lease: float) -> None:
+        """Find out, off the release's path, whether ``url`` can be reached (once)."""
+        target = p.endpoint(url, NOTICE_PATH)
+        if target is None:
+            return
+        with self._lock:
+            state, until = self._known.get(url, ("", 0.0))
+            if state in ("probing", "reached") or (state == "unreachable" and until > time.monotonic()):
+                return
+            self._known[url] = ("probing", 0.0)
+        parts = urlsplit(target)
+
+        def run() -> None:
+            try:
+                socket.create_connection((parts.hostname, parts.port), timeout=p.notice_timeout(lease)).close()
+                reached = True
+            except OSError:
+                reached = False
+                log.info("the controller's release URL %s cannot be reached: releases write the mark at once", url)
+            self.learn(url, reached, time.monotonic())
+
+        threading.Thread(target=run, name="leasehold-probe", daemon=True).start()
+
+
+REACH = _Reach()
+
+
+def _connection(url: str, timeout: Optional[float]) -> Tuple[http.client.HTTPConnection, str]:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
+    conn.connect()
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn, parts.path or "/"
+
+
+def post_json(
+    url: str, body: Mapping[str, Any], timeout: Optional[float], opened: Optional[Callable[[Any], None]] = None
+) -> Tuple[int, Mapping[str, str]]:
+    """POST ``body`` as JSON to ``url`` on a connection of its own; the answer's status
+    and headers (lower-case names). ``opened`` is given the connection, to close it."""
+    conn, path = _connection(url, timeout)
+    if opened:
+        opened(conn)
+    try:
+        data = json.dumps(body).encode()
+        conn.request("POST", path, body=data, headers={"content-type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}
+    finally:
+        conn.close()
+
+
+def notice_written(target: NoticeTarget, notice: Mapping[str, str], lease: float) -> bool:
+    """Send the release ``notice`` to ``target``; true only when the controller answers
+    that the release is written, signed by the key the status published."""
+    url = p.endpoint(target.url, NOTICE_PATH)
+    if url is None or REACH.unreachable(target.url, time.monotonic()):
+        return False
+    try:
+        code, headers = post_json(url, notice, p.notice_timeout(lease))
+    except (OSError, http.client.HTTPException) as e:
+        log.debug("release notice failed (%s); marking the claim", e)
+        REACH.learn(target.url, False, time.monotonic())
+        return False
+    if code != 200 or headers.get(WRITTEN_HEADER) != WRITTEN_VALUE:
+        log.debug("release notice answered %s; marking the claim", code)
+        return False
+    message = p.written_message(notice["namespace"], notice["lock"], target.lock_uid, notice["claim"])
+    if p.verify(target.key, message, headers.get(WRITTEN_SIGNATURE_HEADER, "")):
+        return True
+    log.warning("a release notice to %s was answered as written without the lock's signature: ignored", target.url)
+    return False
+
+
+@dataclass(frozen=True)
+class Designation:
+    """What a designation says: where to wait, whom to trust, for which grant."""
+
+    release_url: str
+    key: str
+    namespace: str
+    lock: str
+    lock_uid: str
+    claim: str
+    token: int
+    proof: Optional[str]
+
+    @staticmethod
+    def of(lock: Mapping[str, Any], claim: str, proof: Optional[str]) -> Optional["Designation"]:
+        status = lock.get("status") or {}
+        successor = status.get("successor") or {}
+        meta = lock.get("metadata") or {}
+        if successor.get("claim") != claim:
+            return None
+        url, key = status.get("releaseUrl"), status.get("grantKey")
+        if not (url and key and meta.get("namespace") and meta.get("name") and meta.get("uid")):
+            return None
+        return Designation(url, key, meta["namespace"], meta["name"], meta["uid"], claim, int(successor["fencingToken"]), proof)
+
+
+class DirectWait:
+    """A claim's wait for a direct grant, following the lock's status: one request held
+    open at the controller while the status designates the claim. A verified grant is
+    handed to ``granted(generation, token)``; :meth:`stop` starts a new generation, so a
+    grant of an abandoned wait is told apart."""
+
+    def __init__(self, granted: Callable[[int, int], None]) -> None:
+        self._granted = granted
+        self._lock = threading.Lock()
+        self.generation = 0
+        self._current: Optional[Designation] = None
+        self._conn: Optional[http.client.HTTPConnection] = None
+        self._running = False
+        self._arrived = False
+
+    def follow(self, lock: Mapping[str, Any], claim: str, proof: Optional[str]) -> None:
+        """Wait for a direct grant while ``lock``'s status designates ``claim`` (once per
+        designation; again after a failure only when the status changes)."""
+        nxt = Designation.of(lock, claim, proof)
+        with self._lock:
+            # A grant already here stays: it was verified for this claim's reserved token,
+            # and the lock counts a successor told of its grant as a holder.
+            if self._arrived or (nxt is not None and nxt == self._current and self._running):
+                return
+        self.stop()
+        if nxt is None:
+            return
+        with self._lock:
+            self._current, self._running = nxt, True
+            generation = self.generation
+        threading.Thread(target=self._wait, args=(nxt, generation), name="leasehold-direct-grant", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop waiting: no grant of the current wait is taken from here on."""
+        with self._lock:
+            self.generation += 1
+            self._current, self._running, self._arrived = None, False, False
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                if conn.sock is not None:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _opened(self, generation: int) -> Callable[[Any], None]:
+        def keep(conn: Any) -> None:
+            with self._lock:
+                if generation == self.generation:
+                    self._conn = conn
+                    return
+            conn.close()
+
+        return keep
+
+    def _wait(self, d: Designation, generation: int) -> None:
+        url = p.endpoint(d.release_url, GRANT_PATH)
+        body: Dict[str, str] = {"namespace": d.namespace, "lock": d.lock, "claim": d.claim}
+        if d.proof:
+            body["proof"] = d.proof
+        try:
+            while url is not None:
+                sent = time.monotonic()
+                try:
+                    code, headers = post_json(url, body, None, self._opened(generation))
+                except (OSError, http.client.HTTPException) as e:
+                    log.debug("waiting for a direct grant failed: %s", e)
+                    return
+                if generation != self.generation:
+                    return
+                if code == 204:
+                    time.sleep(max(0.0, sent + REASK_AFTER - time.monotonic()))
+                    continue
+                if code != 200:
+                    log.debug("the controller takes no wait for a direct grant (%s)", code)
+                    return
+                token = headers.get(TOKEN_HEADER)
+                message = p.grant_message(d.namespace, d.lock, d.lock_uid, d.claim, d.token)
+                if token == str(d.token) and p.verify(d.key, message, headers.get(SIGNATURE_HEADER, "")):
+                    with self._lock:
+                        if generation != self.generation:
+                            return
+                        self._arrived = True
+                    self._granted(generation, d.token)
+                else:
+                    log.warning(
+                        "a direct grant for claim %s (token %s) did not verify against the lock's grant key: ignored",
+                        d.claim,
+                        token,
+                    )
+                return
+        finally:
+            with self._lock:
+                if generation == self.generation:
+                    self._running = False

@@ -1,0 +1,262 @@
+"""The Kubernetes side of the client, on the official ``kubernetes`` package: the claim
+Lease (create, renew, read back, release) and the watch on the DistributedLock.
+
+Requests go out with ``_preload_content=False`` and their JSON is read as plain dicts,
+the shape ``docs/protocol.md`` describes. Claims are written through their own API
+client (connection pool): a long watch holds a connection, and the release should not
+wait for a new one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.rest import ApiException
+
+from . import protocol as p
+from .errors import ApiError
+from .session import Renewal
+
+log = logging.getLogger("leasehold_client")
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def api_client() -> k8s.ApiClient:
+    """An API client for this pod (in-cluster), else for ``$KUBECONFIG`` / ``~/.kube/config``."""
+    configuration = k8s.Configuration()
+    try:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    except k8s_config.ConfigException:
+        k8s_config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
+    return k8s.ApiClient(configuration)
+
+
+def _json(response: Any) -> Dict[str, Any]:
+    return json.loads(response.data or b"{}")
+
+
+def get_lock(api: k8s.CustomObjectsApi, namespace: str, name: str, timeout: Optional[float] = None) -> Optional[dict]:
+    """The DistributedLock, or ``None`` when it does not exist."""
+    try:
+        r = api.get_namespaced_custom_object(
+            p.GROUP, p.VERSION, namespace, p.PLURAL, name, _preload_content=False, _request_timeout=timeout
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise ApiError(f"reading DistributedLock {name}", e, e.status) from e
+    return _json(r)
+
+
+def _rv(obj: dict) -> Optional[int]:
+    try:
+        return int(str((obj.get("metadata") or {}).get("resourceVersion")))
+    except ValueError:
+        return None
+
+
+class LockWatch:
+    """A watch on one DistributedLock, with a fresh read every ``check_every`` seconds
+    behind it (a watch stalled on a dead connection delays nothing longer than that).
+    Each observation goes to ``sink``: ``("lock", obj)`` or ``("gone", None)``; an older
+    resourceVersion is never passed on after a newer one."""
+
+    def __init__(self, api: k8s.CustomObjectsApi, namespace: str, name: str, check_every: float, sink: Callable[[Tuple[str, Any]], None]) -> None:
+        self._api, self._ns, self._name = api, namespace, name
+        self._check_every = max(check_every, 0.1)
+        self._sink = sink
+        self._lock = threading.Lock()
+        self._newest = 0
+        self._stopped = threading.Event()
+        self._response: Any = None
+        for target, what in ((self._watch, "watch"), (self._check, "check")):
+            threading.Thread(target=target, name=f"leasehold-{what}-{name}", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop watching (the threads end at their next step)."""
+        self._stopped.set()
+        with self._lock:
+            response, self._response = self._response, None
+        if response is not None:
+            try:
+                response.shutdown() if hasattr(response, "shutdown") else response.close()
+            except Exception:  # noqa: BLE001 - closing a dead connection may fail
+                pass
+
+    def _emit(self, kind: str, obj: Optional[dict]) -> None:
+        with self._lock:
+            if self._stopped.is_set():
+                return
+            if obj is not None:
+                rv = _rv(obj)
+                if rv is not None:
+                    if rv < self._newest:
+                        return
+                    self._newest = rv
+            self._sink((kind, obj))
+
+    def _watch(self) -> None:
+        selector = f"metadata.name={self._name}"
+        backoff = 0.1
+        while not self._stopped.is_set():
+            try:
+                listed = _json(
+                    self._api.list_namespaced_custom_object(
+                        p.GROUP, p.VERSION, self._ns, p.PLURAL, field_selector=selector, _preload_content=False, _request_timeout=30
+                    )
+                )
+                items = listed.get("items") or []
+                self._emit("lock", items[0]) if items else self._emit("gone", None)
+                rv = (listed.get("metadata") or {}).get("resourceVersion")
+                response: Any = self._api.list_namespaced_custom_object(
+                    p.GROUP, p.VERSION, self._ns, p.PLURAL, field_selector=selector, watch=True,
+                    resource_version=rv, timeout_seconds=290, _preload_content=False, _request_timeout=(10, 330),
+                )
+                with self._lock:
+                    if self._stopped.is_set():
+                        response.close()
+                        return
+                    self._response = response
+                backoff = 0.1
+                self._read(response)
+            except Exception as e:  # noqa: BLE001 - every failure of a watch is retried
+                if self._stopped.is_set():
+                    return
+                log.debug("lock watch failed (%s); retrying", e)
+                self._stopped.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _read(self, response: Any) -> None:
+        buffer = b""
+        for chunk in response.stream(65536, decode_content=True):
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind in ("ADDED", "MODIFIED"):
+                    self._emit("lock", obj)
+                elif kind == "DELETED":
+                    self._emit("gone", None)
+                elif kind == "ERROR":
+                    return  # e.g. 410 Gone: list afresh
+
+    def _check(self) -> None:
+        while not self._stopped.wait(self._check_every):
+            try:
+                lock = get_lock(self._api, self._ns, self._name, timeout=self._check_every)
+            except ApiError as e:
+                log.debug("reading the lock failed (%s); retrying", e)
+                continue
+            except Exception as e:  # noqa: BLE001 - a timeout or a dropped connection
+                log.debug("reading the lock failed (%s); retrying", e)
+                continue
+            self._emit("lock", lock) if lock is not None else self._emit("gone", None)
+
+
+class KubeClaim:
+    """A claim Lease this process created, renewed and given up through ``leases``."""
+
+    def __init__(self, leases: k8s.CoordinationV1Api, name: str, namespace: str, lock: str, secret: p.Secret, uid: Optional[str], lease: float) -> None:
+        self.leases, self.name, self.namespace, self.lock = leases, name, namespace, lock
+        self.secret, self.uid, self.lease = secret, uid, lease
+        self._target_lock = threading.Lock()
+        self._notice_target: Any = None
+
+    @staticmethod
+    def create(leases: k8s.CoordinationV1Api, lock: str, pod: p.PodIdentity, lease_seconds: int) -> Tuple["KubeClaim", float]:
+        """Create a claim for ``lock``; the claim and the moment its create was sent."""
+        name = p.claim_name(lock)
+        secret = p.Secret()
+        body = p.claim_lease(name, lock, pod, lease_seconds, secret)
+        sent = time.monotonic()
+        try:
+            # A plain dict is sent as it is (the generated signature names the model class).
+            created = _json(leases.create_namespaced_lease(pod.namespace, body, _preload_content=False))  # type: ignore[arg-type]
+        except ApiException as e:
+            raise ApiError("creating the claim Lease", e, e.status) from e
+        except Exception as e:  # noqa: BLE001 - no answer from the API server
+            raise ApiError("creating the claim Lease", e) from e
+        uid = (created.get("metadata") or {}).get("uid")
+        return KubeClaim(leases, name, pod.namespace, lock, secret, uid, float(max(lease_seconds, 1))), sent
+
+    def _patch(self, body: dict, timeout: Optional[float]) -> dict:
+        return _json(
+            self.leases.patch_namespaced_lease(
+                self.name, self.namespace, body, _preload_content=False, _content_type=MERGE_PATCH, _request_timeout=timeout
+            )
+        )
+
+    def renew(self) -> Renewal:
+        """Renew once (the claim's UID a precondition)."""
+        try:
+            lease = self._patch(p.renew_patch(self.uid), p.renew_timeout(self.lease))
+        except ApiException as e:
+            if e.status in (404, 409, 422):
+                return ("gone", None)
+            return ("failed", f"{e.status} {e.reason}")
+        except Exception as e:  # noqa: BLE001 - a timeout or a dropped connection: retry
+            return ("failed", str(e))
+        meta = lease.get("metadata") or {}
+        if meta.get("deletionTimestamp") or (meta.get("labels") or {}).get(p.LOCK_LABEL) != self.lock:
+            return ("gone", None)
+        return ("renewed", None)
+
+    def stored(self) -> Tuple[bool, Optional[dict]]:
+        """The claim as the API server has it now, read with a PATCH that changes nothing
+        (the client Role may not GET): ``(True, lease)``, ``(True, None)`` when it is gone
+        or being deleted, ``(False, None)`` when it cannot be read."""
+        try:
+            lease = self._patch({"metadata": {"uid": self.uid}}, p.renew_timeout(self.lease))
+        except ApiException as e:
+            return (e.status in (404, 409, 422), None)
+        except Exception:  # noqa: BLE001 - a timeout: unreadable
+            return (False, None)
+        return (True, None if (lease.get("metadata") or {}).get("deletionTimestamp") else lease)
+
+    @property
+    def notice_target(self) -> Any:
+        with self._target_lock:
+            return self._notice_target
+
+    def set_notice_target(self, target: Any) -> None:
+        """Where release notices go, as the latest status said (probed when it changes)."""
+        from ._http import REACH
+
+        with self._target_lock:
+            changed = target != self._notice_target
+            self._notice_target = target
+        if changed and target is not None:
+            REACH.probe(target.url, self.lease)
+
+    def mark_released(self, timeout: Optional[float]) -> None:
+        """Write the release mark (a claim already gone counts as released)."""
+        try:
+            self._patch(p.release_patch(self.lock, self.secret), timeout)
+        except ApiException as e:
+            if e.status != 404:
+                raise ApiError("releasing the claim Lease", e, e.status) from e
+        except Exception as e:  # noqa: BLE001 - a timeout or a dropped connection
+            raise ApiError("releasing the claim Lease (the claim will expire)", e) from e
+
+    def give_up(self, as_holder: bool) -> None:
+        """A holder tells the controller first and is done if it answers that the release
+        is written; otherwise (and for a waiter) the claim is marked released."""
+        from ._http import notice_written
+
+        target = self.notice_target
+        if as_holder and target is not None:
+            notice = {"namespace": self.namespace, "lock": self.lock, "claim": self.name, "secret": self.secret.reveal()}
+            if notice_written(target, notice, self.lease):
+                return
+        self.mark_released(p.renew_timeout(self.lease))

@@ -1,0 +1,519 @@
+"""The lock handle and the held grant.
+
+``Lock.acquire`` reads the lock, creates a claim Lease, and waits (FIFO, woken by a
+watch, never by polling) until the lock's status grants it, or a direct grant signed by
+the lock's key comes first. Every status is checked against the claim as this process
+wrote it before anything in it is acted on (the record check); a claim changed by
+someone else is withdrawn and made anew. Once granted, the guard's ``lost`` event is set
+as soon as the grant may be gone: revoked in the status, the record changed, the lock
+deleted, the claim gone, or renewals failed until the holder's deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, List, Optional, Tuple
+
+from kubernetes import client as k8s
+
+from . import _kube
+from . import protocol as p
+from ._http import DirectWait, NoticeTarget
+from .errors import (
+    ApiError,
+    ClaimCollected,
+    ClaimLost,
+    CrossNamespace,
+    EtcdUnsupported,
+    LeaseholdError,
+    LockLost,
+    NameTooLong,
+    NoSuchLock,
+    Refused,
+    Timeout,
+)
+from .identity import from_pod
+from .session import CLAIM_GONE, LOCK_DELETED, LOST, REVOKED, Session
+
+log = logging.getLogger("leasehold_client")
+
+#: The first pause between release attempts (doubling).
+RELEASE_RETRY_DELAY = 0.2
+
+
+class Cancel:
+    """Cancels an acquire from another thread (the asyncio variant's cancellation)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.cancelled = False
+        self._wake: List[Callable[[], None]] = []
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            wake, self._wake = self._wake, []
+        for w in wake:
+            w()
+
+    def on_cancel(self, wake: Callable[[], None]) -> None:
+        with self._lock:
+            if not self.cancelled:
+                self._wake.append(wake)
+                return
+        wake()
+
+
+class Cancelled(LeaseholdError):
+    """The acquire was cancelled (the claim was withdrawn)."""
+
+
+class _Mode:
+    def __init__(self, kind: str, timeout: Optional[float] = None) -> None:
+        self.kind = kind  # "wait", "try" or "until"
+        self.limit = p.TRY_ACQUIRE_TIMEOUT if kind == "try" else timeout
+        self.until = None if self.limit is None else time.monotonic() + self.limit
+
+    def timed_out(self) -> Timeout:
+        return Timeout(self.limit or 0.0)
+
+
+class _Held:
+    """One grant, shared by the reentrant acquisitions of one handle."""
+
+    def __init__(self, session: Session, claim: _kube.KubeClaim, token: int, watch: _kube.LockWatch, events: "queue.Queue") -> None:
+        self.session, self.claim, self.token = session, claim, token
+        self._watch, self._events = watch, events
+        self.count = 1
+
+    def release(self, tries: int) -> None:
+        """Give the grant back: a notice, else the release mark, retried within half a lease."""
+        as_holder = self.session.is_holding()
+        self.session.finish()
+        self._watch.stop()
+        self._events.put(("stop", None))
+        until = time.monotonic() + p.release_budget(self.session.lease)
+        delay = RELEASE_RETRY_DELAY
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if attempt == 1:
+                    self.claim.give_up(as_holder)
+                else:
+                    self.claim.mark_released(min(p.renew_timeout(self.session.lease), max(until - time.monotonic(), 0.01)))
+                return
+            except ApiError as e:
+                if attempt >= tries or time.monotonic() + delay >= until:
+                    raise
+                log.warning("claim %s: releasing failed (%s); retrying in %.1f s", self.claim.name, e, delay)
+                time.sleep(delay)
+                delay *= 2
+
+
+class Guard:
+    """A held grant. Act on the lock's behalf only while :attr:`lost` is not set, and hand
+    :attr:`fencing_token` to whatever you write to. Release with :meth:`release` (or
+    leave the ``with`` block)."""
+
+    def __init__(self, held: _Held) -> None:
+        self._held = held
+        self._released = False
+
+    @property
+    def fencing_token(self) -> int:
+        """The grant's fencing token: strictly greater than every earlier grant's."""
+        return self._held.token
+
+    @property
+    def claim(self) -> str:
+        """The claim Lease's name."""
+        return self._held.claim.name
+
+    @property
+    def lease_duration(self) -> float:
+        """The lease, in seconds, the grant lives by."""
+        return self._held.session.lease
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set once the grant is lost: stop acting on the lock's behalf at once."""
+        return self._held.session.lost_event
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        """Why the grant was lost (``Revoked``, ``ClaimGone``, ``RenewalsFailed``,
+        ``LockDeleted``), or ``None``."""
+        return self._held.session.reason if self._held.session.state == LOST else None
+
+    def is_lost(self) -> bool:
+        """Whether the grant is lost."""
+        return self.lost.is_set()
+
+    def check(self) -> None:
+        """Raise :class:`LockLost` if the grant is lost (call it before each fenced write)."""
+        if self.is_lost():
+            raise LockLost(self.claim, self.lost_reason or REVOKED)
+
+    def on_lost(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` (on another thread) once the grant is lost."""
+        self._held.session.on_lost(callback)
+
+    def release(self, tries: int = 1) -> None:
+        """Release (the last of reentrant acquisitions gives the grant back)."""
+        if self._released:
+            return
+        self._released = True
+        self._held.count -= 1
+        if self._held.count == 0:
+            self._held.release(tries)
+
+    def __enter__(self) -> "Guard":
+        return self
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
+        try:
+            self.release()
+        except LeaseholdError:
+            if kind is None:
+                raise
+            log.warning("claim %s: release failed; the claim will expire", self.claim, exc_info=True)
+
+
+class Lock:
+    """A handle on one DistributedLock for this process. Acquisitions through the same
+    handle are reentrant: they share one grant, given back when the last is released.
+
+    ``namespace`` defaults to the pod's; the identity comes from ``POD_NAME``,
+    ``POD_NAMESPACE``, ``POD_UID`` or the pod's service-account token. ``on_wait`` is
+    called with ``(position, holders)`` whenever the claim's place in the queue changes.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        namespace: Optional[str] = None,
+        *,
+        identity: Optional[p.PodIdentity] = None,
+        api_client: Optional[k8s.ApiClient] = None,
+        write_client: Optional[k8s.ApiClient] = None,
+        on_wait: Optional[Callable[[int, List[str]], None]] = None,
+    ) -> None:
+        if len(name) > p.MAX_LOCK_NAME:
+            raise NameTooLong(name)
+        self.identity = identity or from_pod(namespace or "default")
+        self.namespace = namespace or self.identity.namespace
+        if self.identity.namespace != self.namespace:
+            raise CrossNamespace(self.namespace, self.identity.namespace)
+        self.name = name
+        reads = api_client or _kube.api_client()
+        writes = write_client or (_kube.api_client() if api_client is None else api_client)
+        self._locks = k8s.CustomObjectsApi(reads)
+        self._leases = k8s.CoordinationV1Api(writes)
+        self._on_wait = on_wait
+        self._mutex = threading.Lock()
+        self._held: Optional[_Held] = None
+        self._entered: List[Guard] = []
+
+    def acquire(self, timeout: Optional[float] = None) -> Guard:
+        """Wait (FIFO) until the lock is granted; with ``timeout`` (seconds) withdraw the
+        claim and raise :class:`Timeout` once it has passed."""
+        guard = self._acquire(_Mode("wait") if timeout is None else _Mode("until", timeout), None)
+        assert guard is not None
+        return guard
+
+    def try_acquire(self) -> Optional[Guard]:
+        """Take the lock only if it is granted without waiting behind anyone; otherwise
+        withdraw the claim and return ``None``. Raises :class:`NoSuchLock` when the lock
+        does not exist."""
+        return self._acquire(_Mode("try"), None)
+
+    def __enter__(self) -> Guard:
+        guard = self.acquire()
+        self._entered.append(guard)
+        return guard
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
+        self._entered.pop().__exit__(kind, value, tb)
+
+    # --- acquiring -------------------------------------------------------------------
+
+    def _acquire(self, mode: _Mode, cancel: Optional[Cancel]) -> Optional[Guard]:
+        with self._mutex:
+            held = self._held
+            if held is not None and held.session.is_live() and held.count > 0:
+                held.count += 1
+                return Guard(held)
+            lock = _kube.get_lock(self._locks, self.namespace, self.name)
+            if lock is not None and ((lock.get("spec") or {}).get("backend") or {}).get("etcd"):
+                raise EtcdUnsupported(self.name)
+            granted = self._acquire_claim(lock, mode, cancel)
+            if granted is None:
+                return None
+            self._held = granted
+            return Guard(granted)
+
+    def _acquire_claim(self, lock: Optional[dict], mode: _Mode, cancel: Optional[Cancel]) -> Optional[_Held]:
+        exists = lock is not None
+        if not exists and mode.kind == "try":
+            raise NoSuchLock(self.name)
+        secs = int(((lock or {}).get("spec") or {}).get("leaseDurationSeconds") or p.DEFAULT_LEASE_SECONDS)
+        lease = float(max(secs, 1))
+        events: "queue.Queue[Tuple[str, Any]]" = queue.Queue()
+        if cancel is not None:
+            cancel.on_cancel(lambda: events.put(("cancel", None)))
+        # Watch first, so no status change between create and watch is missed.
+        watch: Optional[_kube.LockWatch] = _kube.LockWatch(self._locks, self.namespace, self.name, p.renew_interval(lease), events.put)
+        try:
+            while True:
+                claim, sent = _kube.KubeClaim.create(self._leases, self.name, self.identity, secs)
+                session = Session(claim.name, lease, sent, claim.renew)
+                session.on_lost(_tell(events, claim.name))
+                wait = _Wait(self, claim, session, mode, exists, events, cancel)
+                try:
+                    outcome, token = wait.run()
+                    if outcome == "granted":
+                        self._hold(session, mode)
+                except BaseException:
+                    wait.direct.stop()
+                    _withdraw(session, claim)
+                    raise
+                wait.direct.stop()
+                if outcome == "granted":
+                    assert watch is not None
+                    held = _Held(session, claim, token, watch, events)
+                    threading.Thread(target=_watch_revocation, args=(held, wait.wrote), name="leasehold-revocation", daemon=True).start()
+                    watch = None
+                    return held
+                _withdraw(session, claim)
+                if outcome in ("held-back", "dropped", "tampered") and mode.kind != "try":
+                    continue
+                return None
+        finally:
+            if watch is not None:
+                watch.stop()
+
+    def _hold(self, session: Session, mode: _Mode) -> None:
+        try:
+            session.hold(mode.until if mode.kind == "until" else None)
+        except TimeoutError:
+            raise mode.timed_out() from None
+        except LookupError as e:
+            log.warning("claim %s was lost as it was granted (%s)", session.claim, e)
+            raise ClaimLost(session.claim) from None
+
+
+def _tell(events: "queue.Queue[Tuple[str, Any]]", claim: str) -> Callable[[str], None]:
+    """A loss listener that puts ``("lost", (claim, reason))`` on ``events``."""
+
+    def lost(reason: str) -> None:
+        events.put(("lost", (claim, reason)))
+
+    return lost
+
+
+def _withdraw(session: Session, claim: _kube.KubeClaim) -> None:
+    as_holder = session.is_holding()
+    session.finish()
+    try:
+        claim.give_up(as_holder)
+    except LeaseholdError as e:
+        log.warning("claim %s: withdrawing failed (%s); it will expire", claim.name, e)
+
+
+class _Wait:
+    """What one waiting claim has learnt so far."""
+
+    def __init__(self, lock: Lock, claim: _kube.KubeClaim, session: Session, mode: _Mode, exists: bool, events: "queue.Queue", cancel: Optional[Cancel]) -> None:
+        self.lock, self.claim, self.session, self.mode = lock, claim, session, mode
+        self.events, self.cancel = events, cancel
+        self.wrote = p.Written(
+            pod=lock.identity.name,
+            pod_uid=lock.identity.uid,
+            release_hash=claim.secret.hash(),
+            wait_hash=claim.secret.wait_hash(),
+            lease_seconds=int(session.lease),
+        )
+        self.proof = claim.secret.wait_proof()
+        self.started = time.monotonic()
+        self.direct = DirectWait(lambda generation, token: events.put(("direct", (claim.name, generation, token))))
+        self.refused: Optional[str] = None
+        self.was_placed = False
+        self.notices_to: Optional[NoticeTarget] = None
+        self.unplaced_since: Optional[float] = self.started if exists else None
+        self.settled = False
+        self.queued: Optional[Tuple[int, List[str]]] = None
+
+    def run(self) -> Tuple[str, int]:
+        """Wait until the claim is granted (``("granted", token)``) or the wait ends
+        otherwise (``would-block``, ``held-back``, ``tampered``, ``dropped``)."""
+        while True:
+            deadlines = [t for t in (self.mode.until, self._notice_at()) if t is not None]
+            timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            try:
+                kind, value = self.events.get(timeout=timeout)
+            except queue.Empty:
+                now = time.monotonic()
+                if self.mode.until is not None and now >= self.mode.until:
+                    raise self.mode.timed_out() from None
+                notice_at = self._notice_at()
+                if notice_at is not None and now >= notice_at:
+                    ended = self._notice_due()
+                    if ended:
+                        return ended
+                continue
+            if kind == "cancel":
+                raise Cancelled("the acquire was cancelled")
+            if kind == "gone":
+                if self.mode.kind == "try":
+                    raise NoSuchLock(self.lock.name)
+                self.direct.stop()
+                self.unplaced_since = None  # no controller places claims on a missing lock
+                continue
+            if kind == "direct":
+                name, generation, token = value
+                if name == self.claim.name and generation == self.direct.generation:
+                    self.claim.set_notice_target(self.notices_to)
+                    return ("granted", token)
+                continue
+            if kind == "lost":
+                name, reason = value
+                if name != self.claim.name:
+                    continue
+                if reason == CLAIM_GONE:
+                    log.warning("claim %s left the queue without a grant: claiming anew", name)
+                    return ("dropped", 0)
+                raise ClaimLost(name)
+            if kind == "lock":
+                ended = self._seen(value)
+                if ended:
+                    return ended
+
+    def _notice_at(self) -> Optional[float]:
+        return None if self.unplaced_since is None else self.unplaced_since + p.UNQUEUED_NOTICE
+
+    def _seen(self, lock: dict) -> Optional[Tuple[str, int]]:
+        name = self.claim.name
+        status = lock.get("status") or {}
+        tampered = p.check_record(status, name, self.wrote)
+        if tampered:
+            self.direct.stop()
+            log.warning(
+                "claim %s: the lock's status records its %s otherwise than this process wrote it: "
+                "withdrawing the claim without acting on it, and claiming anew",
+                name,
+                p.TAMPERED_FIELDS[tampered],
+            )
+            return ("tampered", 0)
+        self.notices_to = NoticeTarget.of(lock)
+        if self.notices_to is not None:
+            from ._http import REACH
+
+            REACH.probe(self.notices_to.url, self.session.lease)
+        token = p.granted_token(status, name)
+        if token is not None:
+            self.claim.set_notice_target(self.notices_to)
+            return ("granted", token)
+        if p.held_back(status, name):
+            log.info("claim %s is held back though never granted: claiming anew", name)
+            return ("held-back", 0)
+        if self.mode.kind == "try" and any(w.get("claim") == name for w in status.get("queue") or []):
+            return ("would-block", 0)
+        ended = self._placed_or_refused(status)
+        if ended:
+            return ended
+        self.direct.follow(lock, name, self.proof)
+        self._progress(status)
+        return None
+
+    def _placed_or_refused(self, status: p.Status) -> Optional[Tuple[str, int]]:
+        name = self.claim.name
+        listed = p.refusal(status, name)
+        placed = p.names_claim(status, name)
+        if self.was_placed and not placed:
+            self.direct.stop()
+            log.warning("claim %s left the queue without a grant: claiming anew", name)
+            return ("dropped", 0)
+        self.was_placed |= placed
+        self.refused = None if placed else (listed or self.refused)
+        reason = self.refused
+        if reason is None:
+            return None
+        if reason not in p.FINAL_REFUSALS and time.monotonic() < self.started + p.UNQUEUED_NOTICE:
+            return None
+        if reason not in p.FINAL_REFUSALS:
+            readable, stored = self.claim.stored()
+            field = p.claim_differs(stored, self.wrote, self.lock.name) if readable and stored else None
+            if field:
+                self.direct.stop()
+                return ("tampered", 0)
+        raise Refused(self.lock.name, name, reason)
+
+    def _notice_due(self) -> Optional[Tuple[str, int]]:
+        readable, stored = self.claim.stored()
+        if readable and stored is not None:
+            if p.claim_differs(stored, self.wrote, self.lock.name):
+                self.direct.stop()
+                return ("tampered", 0)
+        elif readable and self.refused is None:
+            raise ClaimCollected(self.claim.name, self.lock.identity.name, self.lock.identity.uid)
+        if self.refused is not None:
+            raise Refused(self.lock.name, self.claim.name, self.refused)
+        log.warning(
+            "claim %s: no controller has placed it after %.0f s: is the leasehold controller running?",
+            self.claim.name,
+            p.UNQUEUED_NOTICE,
+        )
+        self.unplaced_since = None
+        return None
+
+    def _progress(self, status: p.Status) -> None:
+        name = self.claim.name
+        placed = any(h.get("claim") == name for h in status.get("holders") or [])
+        queue_ = [w.get("claim") for w in status.get("queue") or []]
+        position = queue_.index(name) + 1 if name in queue_ else None
+        if placed or position:
+            self.settled, self.unplaced_since = True, None
+        elif not self.settled and self.unplaced_since is None:
+            self.unplaced_since = time.monotonic()
+        if position and self.lock._on_wait is not None:
+            queued = (position, [h.get("pod") for h in status.get("holders") or []])
+            if queued != self.queued:
+                self.queued = queued
+                self.lock._on_wait(*queued)
+
+
+def _watch_revocation(held: _Held, wrote: p.Written) -> None:
+    """After the grant: report the session lost as soon as a status no longer grants it,
+    records the claim otherwise than it was written, or the lock is deleted."""
+    session, name = held.session, held.claim.name
+    while True:
+        if not session.is_live():
+            held._watch.stop()
+            return
+        kind, value = held._events.get()
+        if kind == "stop":
+            return
+        if kind == "gone":
+            reason = LOCK_DELETED
+        elif kind == "lock":
+            status = value.get("status") or {}
+            if not p.still_grants(status, name, held.token):
+                revoked = [h.get("revoked") for h in status.get("holders") or [] if h.get("claim") == name]
+                deleted = any(r and r.get("reason") == "LockDeleted" for r in revoked)
+                reason = LOCK_DELETED if deleted else REVOKED
+            elif p.check_record(status, name, wrote):
+                log.warning("claim %s: the status records it otherwise than written: stopping", name)
+                reason = REVOKED
+            else:
+                held.claim.set_notice_target(NoticeTarget.of(value))
+                continue
+        else:
+            continue
+        log.warning("claim %s: the grant is gone (%s)", name, reason)
+        session.lose(reason)
+        held._watch.stop()
+        return
