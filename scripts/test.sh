@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run every check and test: formatting, clippy, the Helm chart checks, the end-to-end
 # scenario on a real node and, with the multi-node faults, on a 3-node cluster (as root),
-# and unit, property and integration tests against a real local control plane (etcd +
-# kube-apiserver + kube-controller-manager on loopback).
+# the Python client's own tests, and unit, property and integration tests (the
+# conformance suite of both clients among them) against a real local control plane
+# (etcd + kube-apiserver + kube-controller-manager on loopback).
 # Installs what it needs on Debian/Ubuntu (root or sudo). Extra args go to the test binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +53,15 @@ export LEASEHOLD_HELM
 
 step "the chart's alert rules and dashboard: promtool check and test rules, every dashboard query parsed"
 scripts/check-observability.sh
+
+step "the Python client (clients/python): pip install into a virtualenv, its unit tests with pytest"
+# The conformance suite (cargo test below) drives it through this interpreter, and the
+# real-node e2e installs it into its Python image with this pip.
+venv=${XDG_CACHE_HOME:-$HOME/.cache}/leasehold/python-client
+python3 -m venv --clear "$venv" 2>/dev/null || { apt_install python3-venv python3-pip; python3 -m venv --clear "$venv"; }
+"$venv/bin/pip" install --quiet --disable-pip-version-check "./clients/python[test]"
+(cd clients/python && "$venv/bin/python" -m pytest -q -p no:cacheprovider && "$venv/bin/python" -m mypy --ignore-missing-imports src)
+export LEASEHOLD_PYTHON="$venv/bin/python"
 
 if [ "$(id -u)" = 0 ]; then
   step "end-to-end scenario on a real node (containerd + kubelet): tests/e2e/real-node.sh"

@@ -2,6 +2,7 @@
 
 mod cluster;
 pub mod completions;
+mod contract;
 mod controller;
 mod dev;
 pub mod install;
@@ -73,6 +74,11 @@ pub enum Command {
         #[arg(long)]
         allow_open: bool,
     },
+    /// Drive the client library through the conformance contract: one command a line
+    /// on stdin (`acquire`, `acquire-timeout SECS`, `try`, `release`, `report`, `exit`),
+    /// one JSON answer a line on stdout (docs/conformance.md).
+    #[command(hide = true)]
+    Contract(contract::ContractArgs),
     /// Run a command that dies with this process's parent (internal).
     #[command(hide = true)]
     Guard {
@@ -150,6 +156,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => return run::run(args).await,
         Command::Status(args) => status::run(args).await?,
+        Command::Contract(args) => contract::run(args).await?,
         Command::Crd => print!("{}", crate::crd::crd_yaml()),
         Command::Controller(args) => controller::run(args).await?,
         Command::Dev(args) => dev::run(args).await?,

@@ -7,6 +7,7 @@ mod admission;
 mod chart;
 mod cli;
 mod client;
+mod conformance;
 mod controller;
 mod corpus;
 mod etcd;
