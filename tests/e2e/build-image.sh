@@ -7,13 +7,16 @@
 #
 # With PLAIN.tar, also write the runtime base alone as docker.io/library/plain-app:e2e:
 # an application image that has never heard of leasehold (examples/any-image.yaml).
+# With PYTHON.tar, also write docker.io/library/leasehold-python:e2e: Debian's python3
+# with the Python client (clients/python) and its dependencies, installed by
+# $LEASEHOLD_PYTHON's pip (default python3; the same minor version as Debian's).
 #
-# usage: tests/e2e/build-image.sh NAME OUT.tar [PLAIN.tar]  (root; installs docker.io,
-#        debootstrap, musl-tools; starts dockerd if none runs, and stops it again)
+# usage: tests/e2e/build-image.sh NAME OUT.tar [PLAIN.tar [PYTHON.tar]]  (root; installs
+#        docker.io, debootstrap, musl-tools; starts dockerd if none runs, and stops it again)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/common.sh
-NAME=$1 OUT=$2 PLAIN_OUT=${3:-}
+NAME=$1 OUT=$2 PLAIN_OUT=${3:-} PYTHON_OUT=${4:-}
 RUNTIME=leasehold-e2e-runtime:bookworm
 TARGET=x86_64-unknown-linux-musl
 
@@ -69,4 +72,28 @@ if [ -n "$PLAIN_OUT" ]; then
   fi
   step "plain-app:e2e: the runtime base alone, no leasehold in it"
   docker save -o "$PLAIN_OUT" docker.io/library/plain-app:e2e
+fi
+if [ -n "$PYTHON_OUT" ]; then
+  PY_BASE=leasehold-e2e-python:bookworm
+  if ! docker image inspect "$PY_BASE" >/dev/null 2>&1; then
+    step "Python base $PY_BASE: debootstrap --variant=minbase --include=python3 bookworm"
+    debootstrap --variant=minbase --include=python3 bookworm "$work/pyroot" >"$work/debootstrap-py.log" 2>&1 ||
+      { tail -20 "$work/debootstrap-py.log" >&2; exit 1; }
+    tar -C "$work/pyroot" -c . | docker import - "$PY_BASE" >/dev/null
+  fi
+  step "docker.io/library/leasehold-python:e2e: the Python client on $PY_BASE"
+  mkdir -p "$work/py"
+  "${LEASEHOLD_PYTHON:-python3}" -m pip install --quiet --disable-pip-version-check --target "$work/py/site" ./clients/python
+  cat > "$work/py/Dockerfile" <<'DOCKERFILE'
+ARG BASE
+FROM ${BASE}
+COPY site /opt/leasehold-client
+ENV PYTHONPATH=/opt/leasehold-client PYTHONUNBUFFERED=1
+USER 65532:65532
+DOCKERFILE
+  DOCKER_BUILDKIT=0 docker build -q --build-arg BASE="$PY_BASE" -t docker.io/library/leasehold-python:e2e "$work/py" \
+    >"$work/build-py.log" 2>&1 || { cat "$work/build-py.log" >&2; exit 1; }
+  out=$(docker run --rm leasehold-python:e2e python3 -c 'import leasehold_client; print(leasehold_client.__version__)')
+  step "leasehold-python:e2e imports leasehold_client $out"
+  docker save -o "$PYTHON_OUT" docker.io/library/leasehold-python:e2e
 fi

@@ -96,8 +96,8 @@ rootfs "$W/img/pause"
 tests/e2e/oci-image.py docker.io/library/pause:local "$W/img/pause" "$W/pause.tar" -- /bin/sh -c "trap 'exit 0' TERM; while true; do sleep 1; done"
 # The leasehold image from the Dockerfile, with a real Docker engine (the release recipe
 # on this tree's static build; see the script).
-tests/e2e/build-image.sh docker.io/library/leasehold:e2e "$W/leasehold.tar" "$W/plain.tar"
-for t in pause leasehold plain; do ctr -a "$SOCK" -n k8s.io images import "$W/$t.tar" >/dev/null; done
+tests/e2e/build-image.sh docker.io/library/leasehold:e2e "$W/leasehold.tar" "$W/plain.tar" "$W/python.tar"
+for t in pause leasehold plain python; do ctr -a "$SOCK" -n k8s.io images import "$W/$t.tar" >/dev/null; done
 rm -rf "$W/img" "$W"/*.tar
 
 step "kubelet (node address $NODE_IP) and kube-scheduler"
@@ -120,6 +120,7 @@ pids+=($!)
 echo "node $NODE Ready after $(( $(date +%s) - started ))s"
 
 IMAGE=leasehold:e2e
+PY_IMAGE=leasehold-python:e2e
 NS=e2e
 LOG_MODE=hostpath
 HOST_LOG_DIR=$W/shared

@@ -405,10 +405,74 @@ uninstall_without_hang() {
   echo "  uninstalled with $before holding; namespace $NS gone, the CRD kept"
 }
 
+# Clients of three kinds take turns on one lock: `leasehold run` (a Job of 2), the Rust
+# library through `leasehold contract` driven by bash (2 turns), and the Python client in
+# an image of its own ($PY_IMAGE: 2 turns). Every section is logged with its token, and
+# check-log holds the lot to mutual exclusion and rising tokens. Run where the provider
+# has the Python image (real-node.sh).
+mixed_clients() {
+  [ -n "${PY_IMAGE:-}" ] || { step "mixed clients: SKIPPED (no Python image on this provider)"; return 0; }
+  step "mixed clients: leasehold run, the Rust library and the Python client take turns on one lock"
+  local rust_script py_script
+  # shellcheck disable=SC2016 # expanded in the pod
+  rust_script='coproc C { leasehold contract --lock mixed; }
+read -r l <&"${C[0]}"
+for i in 1 2; do
+  echo acquire >&"${C[1]}"; read -r l <&"${C[0]}"
+  t=$(echo "$l" | sed -n "s/.*\"token\": *\([0-9]*\).*/\1/p")
+  [ -n "$t" ] || { echo "contract answered: $l" >&2; exit 1; }
+  echo start $t $POD_NAME $(date +%s%N) >> $OUT; sleep 1; echo end $t $POD_NAME $(date +%s%N) >> $OUT
+  echo release >&"${C[1]}"; read -r l <&"${C[0]}"
+done'
+  py_script='import os, time
+from leasehold_client import Lock
+lock, pod = Lock("mixed"), os.environ["POD_NAME"]
+for _ in range(2):
+    with lock as g:
+        with open(os.environ["OUT"], "a") as out:
+            print("start", g.fencing_token, pod, time.time_ns(), file=out, flush=True)
+            time.sleep(1)
+            g.check()
+            print("end", g.fencing_token, pod, time.time_ns(), file=out, flush=True)'
+  # Multi-line scripts go in the command, as JSON strings (YAML folds a quoted scalar's lines).
+  as_json() { python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"; }
+  job() { # NAME COMPLETIONS, then a pod spec on stdin
+    printf -- '---\napiVersion: batch/v1\nkind: Job\nmetadata: { name: %s }\nspec:\n  completions: %s\n  parallelism: %s\n  backoffLimit: 0\n  template:\n' "$1" "$2" "$2"
+    cat
+  }
+  local named="${ENV_EXTRAS:-}
+            - { name: POD_NAME, valueFrom: { fieldRef: { fieldPath: metadata.name } } }"
+  { printf 'apiVersion: leasehold.dev/v1alpha1\nkind: DistributedLock\nmetadata: { name: mixed }\nspec: { leaseDurationSeconds: 10 }\n'
+    pod_spec Never mixed "$(line start); sleep 1; $(line end)" | job mixed-run 2
+    ENV_EXTRAS=$named pod_spec Never mixed "" "$(as_json bash -c "$rust_script")" | job mixed-rust 1
+    ENV_EXTRAS=$named IMAGE=$PY_IMAGE pod_spec Never mixed "" "$(as_json python3 -c "$py_script")" | job mixed-python 1
+  } | k apply -n "$NS" -f -
+  for j in mixed-run mixed-rust mixed-python; do
+    k wait -n "$NS" --for=condition=complete "job/$j" --timeout=300s ||
+      fail "job $j did not complete: $(k get pods -n "$NS" -l job-name=$j -o wide 2>&1; k logs -n "$NS" -l job-name=$j --tail=20 2>&1)"
+  done
+  local log; log=$(mktemp)
+  if [ "$LOG_MODE" = hostpath ]; then
+    cp "$HOST_LOG_DIR/log" "$log"; : > "$HOST_LOG_DIR/log"
+  else
+    for pod in $(k get pods -n "$NS" -l 'job-name in (mixed-run,mixed-rust,mixed-python)' -o name); do
+      within 60 "the log of $pod" k logs -n "$NS" "$pod" >> "$log"
+    done
+  fi
+  sort -n -k4,4 "$log" | grep -E '^(start|end|term) ' > "$log.sorted"
+  "$LEASEHOLD" check-log "$log.sorted" || fail "mixed clients' log:\n$(cat "$log.sorted")"
+  [ "$(grep -c '^start ' "$log.sorted")" = 6 ] || fail "expected 6 sections, the log has: $(cat "$log.sorted")"
+  for j in mixed-run mixed-rust mixed-python; do
+    grep -q "^start [0-9]* $j-" "$log.sorted" || fail "no section of $j in: $(cat "$log.sorted")"
+  done
+  echo "  6 sections, 3 kinds of client, no overlap, tokens rising: $(awk '$1=="start"{printf "%s ", $3}' "$log.sorted")"
+}
+
 run_scenario() {
   install_chart
   admission_confines_clients
   contention
+  mixed_clients
   delete_holder
   only_the_holder_ready
   any_image
