@@ -143,3 +143,22 @@ pub struct WaitStatus {
     /// Pods holding the lock now.
     pub holders: Vec<String>,
 }
+
+#[cfg(test)]
+mod tests {
+    /// The client's own waits, as the protocol's test vectors state them
+    /// (`docs/protocol-vectors.json`; the rest is checked in `protocol::vectors`).
+    #[test]
+    fn the_client_s_waits_are_the_vectors() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/protocol-vectors.json");
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let constants = &v["timing"]["constants_ms"];
+        for (name, wait) in [
+            ("UNQUEUED_NOTICE", super::UNQUEUED_NOTICE),
+            ("TRY_ACQUIRE_TIMEOUT", super::TRY_ACQUIRE_TIMEOUT),
+            ("RELEASE_RETRY_DELAY", super::RELEASE_RETRY_DELAY),
+        ] {
+            assert_eq!(constants[name], wait.as_millis() as u64, "{name}");
+        }
+    }
+}
