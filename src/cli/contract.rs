@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::ClusterArgs;
-use crate::client::{Error, Guard, Lock};
+use crate::client::{Error, Guard, Lock, State};
 
 /// Options of `leasehold contract`.
 #[derive(clap::Args, Debug)]
@@ -68,83 +68,80 @@ pub async fn run(args: ContractArgs) -> anyhow::Result<()> {
     });
     while let Some(line) = lines.recv().await {
         let words: Vec<&str> = line.split_whitespace().collect();
-        let Some(&command) = words.first() else { continue };
-        match command {
-            "acquire" | "acquire-timeout" | "try" => {
-                let acquired = match command {
-                    "try" => lock.try_acquire().await,
-                    "acquire" => lock.acquire().await.map(Some),
-                    _ => match words.get(1).and_then(|s| s.parse::<f64>().ok()) {
-                        Some(secs) => lock
-                            .acquire_timeout(std::time::Duration::from_secs_f64(secs))
-                            .await
-                            .map(Some),
-                        None => {
-                            say("error", serde_json::json!({ "message": "acquire-timeout SECONDS" }));
-                            continue;
-                        }
-                    },
-                };
-                let guard = match acquired {
-                    Ok(Some(guard)) => guard,
-                    Ok(None) => {
-                        say("busy", serde_json::json!({}));
-                        continue;
-                    }
-                    Err(e) => {
-                        failed(&e);
-                        continue;
-                    }
-                };
-                let (token, claim) = (guard.fencing_token(), guard.claim().to_string());
-                if guards.first().is_none_or(|g| g.claim() != claim) {
-                    let mut state = guard.state();
-                    tokio::spawn(async move {
-                        if let Ok(s) = state.wait_for(|s| matches!(s, crate::client::State::Lost(_))).await
-                            && let crate::client::State::Lost(reason) = *s
-                        {
-                            say(
-                                "lost",
-                                serde_json::json!({ "reason": format!("{reason:?}"), "token": token }),
-                            );
-                        }
-                    });
-                }
-                guards.push(guard);
-                say(
-                    "acquired",
-                    serde_json::json!({ "token": token, "claim": claim, "depth": guards.len() }),
-                );
-            }
-            "release" => match guards.pop() {
+        match words.first().copied() {
+            None => {}
+            Some("acquire" | "acquire-timeout" | "try") => acquire(&lock, &words, &mut guards).await,
+            Some("release") => match guards.pop() {
                 Some(guard) => match guard.release_retrying(3).await {
                     Ok(()) => say("released", serde_json::json!({ "depth": guards.len() })),
                     Err(e) => say("error", serde_json::json!({ "message": e.to_string() })),
                 },
                 None => say("error", serde_json::json!({ "message": "nothing to release" })),
             },
-            "report" => {
-                let g = guards.last();
-                let lost = g.and_then(|g| match *g.state().borrow() {
-                    crate::client::State::Lost(reason) => Some(format!("{reason:?}")),
-                    _ => None,
-                });
-                say(
-                    "report",
-                    serde_json::json!({
-                        "holding": g.is_some_and(|g| !g.is_lost()),
-                        "token": g.map(|g| g.fencing_token()),
-                        "lost": lost,
-                        "depth": guards.len(),
-                    }),
-                );
-            }
-            "exit" => break,
-            other => say(
+            Some("report") => report(&guards),
+            Some("exit") => break,
+            Some(other) => say(
                 "error",
                 serde_json::json!({ "message": format!("unknown command {other:?}") }),
             ),
         }
     }
     Ok(())
+}
+
+/// `acquire`, `acquire-timeout SECS` or `try`: answer, and keep the guard.
+async fn acquire(lock: &Lock, words: &[&str], guards: &mut Vec<Guard>) {
+    let acquired = match words[0] {
+        "try" => lock.try_acquire().await,
+        "acquire" => lock.acquire().await.map(Some),
+        _ => match words.get(1).and_then(|s| s.parse::<f64>().ok()) {
+            Some(secs) => lock
+                .acquire_timeout(std::time::Duration::from_secs_f64(secs))
+                .await
+                .map(Some),
+            None => return say("error", serde_json::json!({ "message": "acquire-timeout SECONDS" })),
+        },
+    };
+    let guard = match acquired {
+        Ok(Some(guard)) => guard,
+        Ok(None) => return say("busy", serde_json::json!({})),
+        Err(e) => return failed(&e),
+    };
+    let (token, claim) = (guard.fencing_token(), guard.claim().to_string());
+    if guards.first().is_none_or(|g| g.claim() != claim) {
+        let mut state = guard.state();
+        tokio::spawn(async move {
+            if let Ok(s) = state.wait_for(|s| matches!(s, State::Lost(_))).await
+                && let State::Lost(reason) = *s
+            {
+                say(
+                    "lost",
+                    serde_json::json!({ "reason": format!("{reason:?}"), "token": token }),
+                );
+            }
+        });
+    }
+    guards.push(guard);
+    say(
+        "acquired",
+        serde_json::json!({ "token": token, "claim": claim, "depth": guards.len() }),
+    );
+}
+
+/// `report`: where the newest acquisition stands.
+fn report(guards: &[Guard]) {
+    let g = guards.last();
+    let lost = g.and_then(|g| match *g.state().borrow() {
+        State::Lost(reason) => Some(format!("{reason:?}")),
+        _ => None,
+    });
+    say(
+        "report",
+        serde_json::json!({
+            "holding": g.is_some_and(|g| !g.is_lost()),
+            "token": g.map(|g| g.fencing_token()),
+            "lost": lost,
+            "depth": guards.len(),
+        }),
+    );
 }
