@@ -5,7 +5,7 @@
 //! trace of steps that reaches it.
 //!
 //! Three machines use it: the decide core's world model (`decide::explore`), the etcd
-//! backend's model (`controller::etcd::explore`) and the whole protocol — API server,
+//! backend's model (`testing::explore::etcd`) and the whole protocol — API server,
 //! two controllers, clients, a neighbour, time (`explore::system`).
 
 use std::collections::{HashSet, VecDeque};

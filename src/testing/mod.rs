@@ -3,7 +3,7 @@
 //!
 //! - `bfs`: the breadth-first explorer the exhaustive models share (tests only);
 //! - `explore`: the whole claim protocol as one state machine, around the controller's
-//!   own turn (tests only);
+//!   own turn, and the etcd backend's controller side (tests only);
 //! - `mock_api`: request-shape mocks of the API server for unit tests (tests only);
 //! - [`check`]: the critical-section log checker (`leasehold check-log`, the integration
 //!   tests, the e2e scripts);

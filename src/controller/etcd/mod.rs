@@ -5,8 +5,6 @@
 //! etcd grants, not the controller: when the controller is down, etcd-backed locks
 //! still hand over; only the status report and the revocations of gone pods wait.
 
-#[cfg(test)]
-mod explore;
 pub(crate) mod mirror;
 pub(crate) mod revoke;
 

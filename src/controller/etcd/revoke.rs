@@ -1,6 +1,6 @@
 //! How the controller takes claim keys away, written once against the I/O it names
 //! ([`KeyIo`]), so that the controller that ships (`LiveKeys` in [`super`]) and the etcd
-//! model (`controller::etcd::explore`) run the same steps in the same order.
+//! model (`testing::explore::etcd`) run the same steps in the same order.
 //!
 //! For each [`KeyAction`] the rules planned on the mirror's keys and the pod cache:
 //! * a hold-back because the claim's pod is gone or replaced is confirmed first by a

@@ -1,5 +1,5 @@
 //! The etcd rules, by example. The model of etcd, pods, processes, time and the
-//! controller that ships, which explores them, is `controller::etcd::explore`.
+//! controller that ships, which explores them, is `testing::explore::etcd`.
 
 use super::*;
 

@@ -2,7 +2,7 @@
 //! the controller that ships, driven by random events and walked exhaustively within a
 //! bound. The controller plans with the real rules ([`crate::etcd::rules::mirror`]) on
 //! what its mirror and pod cache last saw (both may lag) and takes keys away with the
-//! real orchestration ([`super::revoke::take_away`]) against the model's etcd and pod
+//! real orchestration ([`crate::controller::etcd::revoke::take_away`]) against the model's etcd and pod
 //! API. Checked after each step: no more processes act as holders than `maxHolders`
 //! allows; the controller never deletes a key whose process may run, never revokes a
 //! claim as its pod gone or replaced while that pod is there, and never makes a key up;
@@ -15,8 +15,8 @@ use std::sync::Mutex;
 use k8s_openapi::jiff::Timestamp;
 use proptest::prelude::*;
 
-use super::revoke::{KeyIo, take_away};
 use crate::api::RevokeReason;
+use crate::controller::etcd::revoke::{KeyIo, take_away};
 use crate::decide::{PodView, StoppedPods};
 use crate::etcd::Error;
 use crate::etcd::keys::ClaimValue;
