@@ -76,3 +76,24 @@ def test_a_claim_found_gone_is_lost_at_once_and_listeners_hear_it():
     late = []
     session.on_lost(late.append)
     assert late == [CLAIM_GONE], "a listener added after the loss hears it at once"
+
+
+def test_a_renewal_that_cannot_start_a_thread_is_a_failed_attempt_and_the_deadline_holds(monkeypatch):
+    """No thread to be had (a pod at its process limit) must not leave a holder live."""
+    import leasehold_client.session as s
+
+    real = threading.Thread
+
+    class NoRenewalThreads(real):
+        def start(self):
+            if self.name.startswith("leasehold-renewal-"):
+                raise RuntimeError("can't start new thread")
+            return super().start()
+
+    monkeypatch.setattr(s.threading, "Thread", NoRenewalThreads)
+    sent = time.monotonic()
+    session = Session("c", 1.0, sent, Renewer())
+    session.hold()
+    assert session.lost_event.wait(2)
+    assert session.reason == RENEWALS_FAILED
+    assert time.monotonic() - sent < p.client_stop_by(0, 1.0) + p.safety_margin(1.0) / 2

@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from urllib.parse import urlsplit
 
 from . import protocol as p
@@ -129,12 +129,25 @@ def notice_written(target: NoticeTarget, notice: Mapping[str, str], lease: float
     url = p.endpoint(target.url, NOTICE_PATH)
     if url is None or REACH.unreachable(target.url, time.monotonic()):
         return False
-    try:
-        code, headers = post_json(url, notice, p.notice_timeout(lease))
-    except (OSError, http.client.HTTPException) as e:
-        log.debug("release notice failed (%s); marking the claim", e)
+    # The notice timeout bounds the whole exchange (a socket timeout bounds each step):
+    # the exchange runs on a thread of its own, and an answer later than that is ignored.
+    limit = p.notice_timeout(lease)
+    answer: List[Any] = []
+    done = threading.Event()
+
+    def exchange() -> None:
+        try:
+            answer.append(post_json(url, notice, limit))
+        except (OSError, http.client.HTTPException) as e:
+            answer.append(e)
+        done.set()
+
+    threading.Thread(target=exchange, name="leasehold-notice", daemon=True).start()
+    if not done.wait(limit) or isinstance(answer[0], Exception):
+        log.debug("release notice failed (%s); marking the claim", answer[0] if answer else "timed out")
         REACH.learn(target.url, False, time.monotonic())
         return False
+    code, headers = answer[0]
     if code != 200 or headers.get(WRITTEN_HEADER) != WRITTEN_VALUE:
         log.debug("release notice answered %s; marking the claim", code)
         return False
@@ -223,6 +236,7 @@ class DirectWait:
                     self._conn = conn
                     return
             conn.close()
+            raise ConnectionAbortedError("the wait was stopped")
 
         return keep
 

@@ -43,7 +43,11 @@ def _json(response: Any) -> Dict[str, Any]:
     return json.loads(response.data or b"{}")
 
 
-def get_lock(api: k8s.CustomObjectsApi, namespace: str, name: str, timeout: Optional[float] = None) -> Optional[dict]:
+#: How long a read of the lock or a claim's create may take.
+REQUEST_TIMEOUT = 30.0
+
+
+def get_lock(api: k8s.CustomObjectsApi, namespace: str, name: str, timeout: float = REQUEST_TIMEOUT) -> Optional[dict]:
     """The DistributedLock, or ``None`` when it does not exist."""
     try:
         r = api.get_namespaced_custom_object(
@@ -53,6 +57,8 @@ def get_lock(api: k8s.CustomObjectsApi, namespace: str, name: str, timeout: Opti
         if e.status == 404:
             return None
         raise ApiError(f"reading DistributedLock {name}", e, e.status) from e
+    except Exception as e:  # noqa: BLE001 - no answer in time, or no connection
+        raise ApiError(f"reading DistributedLock {name}", e) from e
     return _json(r)
 
 
@@ -182,7 +188,7 @@ class KubeClaim:
         sent = time.monotonic()
         try:
             # A plain dict is sent as it is (the generated signature names the model class).
-            created = _json(leases.create_namespaced_lease(pod.namespace, body, _preload_content=False))  # type: ignore[arg-type]
+            created = _json(leases.create_namespaced_lease(pod.namespace, body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT))  # type: ignore[arg-type]
         except ApiException as e:
             raise ApiError("creating the claim Lease", e, e.status) from e
         except Exception as e:  # noqa: BLE001 - no answer from the API server

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any, Optional
 
 from .lock import Cancel, Guard, Lock, _Mode
@@ -20,7 +21,9 @@ log = logging.getLogger("leasehold_client")
 
 
 class AsyncGuard:
-    """A held grant, for asyncio: :attr:`lost` is an :class:`asyncio.Event`."""
+    """A held grant, for asyncio: :attr:`lost` is an :class:`asyncio.Event` to await,
+    set on the loop's next turn after the loss; :meth:`is_lost` and :meth:`check` read
+    the loss itself, at once (use them before each fenced write)."""
 
     def __init__(self, guard: Guard, loop: asyncio.AbstractEventLoop) -> None:
         self.guard = guard
@@ -82,8 +85,8 @@ class AsyncLock:
 
             def give_back(done: "asyncio.Future[Optional[Guard]]") -> None:
                 granted = None if done.cancelled() or done.exception() is not None else done.result()
-                if granted is not None:
-                    granted.release()
+                if granted is not None:  # released off the event loop: it blocks
+                    threading.Thread(target=granted.release, name="leasehold-release", daemon=True).start()
 
             future.add_done_callback(give_back)
             raise

@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
 from kubernetes import client as k8s
@@ -36,7 +37,7 @@ from .errors import (
     Timeout,
 )
 from .identity import from_pod
-from .session import CLAIM_GONE, LOCK_DELETED, LOST, REVOKED, Session
+from .session import CLAIM_GONE, LIVE, LOCK_DELETED, LOST, REVOKED, Session
 
 log = logging.getLogger("leasehold_client")
 
@@ -87,7 +88,26 @@ class _Held:
     def __init__(self, session: Session, claim: _kube.KubeClaim, token: int, watch: _kube.LockWatch, events: "queue.Queue") -> None:
         self.session, self.claim, self.token = session, claim, token
         self._watch, self._events = watch, events
+        #: Guards handed out and not yet released, under ``count_lock``.
         self.count = 1
+        self.count_lock = threading.Lock()
+
+    def join(self) -> bool:
+        """One more guard on this grant, if it still stands and has one (reentrancy)."""
+        with self.count_lock:
+            if self.count == 0 or not self.session.is_live():
+                return False
+            self.count += 1
+            return True
+
+    def leave(self, ticket: List[bool]) -> bool:
+        """A guard (its ``ticket``) is done with the grant: whether it was the last."""
+        with self.count_lock:
+            if ticket[0]:
+                return False
+            ticket[0] = True
+            self.count -= 1
+            return self.count == 0
 
     def release(self, tries: int) -> None:
         """Give the grant back: a notice, else the release mark, retried within half a lease."""
@@ -121,7 +141,9 @@ class Guard:
 
     def __init__(self, held: _Held) -> None:
         self._held = held
-        self._released = False
+        # Released (by release(), or when the guard is collected unreleased).
+        self._ticket = [False]
+        self._abandoned = weakref.finalize(self, _abandon, held, self._ticket)
 
     @property
     def fencing_token(self) -> int:
@@ -154,21 +176,20 @@ class Guard:
         return self.lost.is_set()
 
     def check(self) -> None:
-        """Raise :class:`LockLost` if the grant is lost (call it before each fenced write)."""
-        if self.is_lost():
-            raise LockLost(self.claim, self.lost_reason or REVOKED)
+        """Raise :class:`LockLost` if the grant is lost, or this process gave it back (call
+        it before each fenced write)."""
+        if self._held.session.state != LIVE or self._ticket[0]:
+            raise LockLost(self.claim, self.lost_reason or "Released")
 
     def on_lost(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(reason)`` (on another thread) once the grant is lost."""
         self._held.session.on_lost(callback)
 
     def release(self, tries: int = 1) -> None:
-        """Release (the last of reentrant acquisitions gives the grant back)."""
-        if self._released:
-            return
-        self._released = True
-        self._held.count -= 1
-        if self._held.count == 0:
+        """Release (the last of reentrant acquisitions gives the grant back). A guard
+        collected unreleased is released then (in the background), as a last resort."""
+        self._abandoned.detach()
+        if self._held.leave(self._ticket):
             self._held.release(tries)
 
     def __enter__(self) -> "Guard":
@@ -244,8 +265,7 @@ class Lock:
     def _acquire(self, mode: _Mode, cancel: Optional[Cancel]) -> Optional[Guard]:
         with self._mutex:
             held = self._held
-            if held is not None and held.session.is_live() and held.count > 0:
-                held.count += 1
+            if held is not None and held.join():
                 return Guard(held)
             lock = _kube.get_lock(self._locks, self.namespace, self.name)
             if lock is not None and ((lock.get("spec") or {}).get("backend") or {}).get("etcd"):
@@ -270,24 +290,29 @@ class Lock:
         try:
             while True:
                 claim, sent = _kube.KubeClaim.create(self._leases, self.name, self.identity, secs)
-                session = Session(claim.name, lease, sent, claim.renew)
-                session.on_lost(_tell(events, claim.name))
-                wait = _Wait(self, claim, session, mode, exists, events, cancel)
+                # From here on, whatever fails withdraws the claim (or gives the grant back).
+                session: Optional[Session] = None
+                wait: Optional[_Wait] = None
                 try:
+                    session = Session(claim.name, lease, sent, claim.renew)
+                    session.on_lost(_tell(events, claim.name))
+                    wait = _Wait(self, claim, session, mode, exists, events, cancel)
                     outcome, token = wait.run()
+                    wait.direct.stop()
                     if outcome == "granted":
                         self._hold(session, mode)
+                        assert watch is not None
+                        held = _Held(session, claim, token, watch, events)
+                        threading.Thread(
+                            target=_watch_revocation, args=(held, wait.wrote), name="leasehold-revocation", daemon=True
+                        ).start()
+                        watch = None
+                        return held
                 except BaseException:
-                    wait.direct.stop()
+                    if wait is not None:
+                        wait.direct.stop()
                     _withdraw(session, claim)
                     raise
-                wait.direct.stop()
-                if outcome == "granted":
-                    assert watch is not None
-                    held = _Held(session, claim, token, watch, events)
-                    threading.Thread(target=_watch_revocation, args=(held, wait.wrote), name="leasehold-revocation", daemon=True).start()
-                    watch = None
-                    return held
                 _withdraw(session, claim)
                 if outcome in ("held-back", "dropped", "tampered") and mode.kind != "try":
                     continue
@@ -315,9 +340,28 @@ def _tell(events: "queue.Queue[Tuple[str, Any]]", claim: str) -> Callable[[str],
     return lost
 
 
-def _withdraw(session: Session, claim: _kube.KubeClaim) -> None:
-    as_holder = session.is_holding()
-    session.finish()
+def _abandon(held: _Held, ticket: List[bool]) -> None:
+    """A guard was collected unreleased: if it was the last, give the grant back."""
+    if not held.leave(ticket):
+        return
+    log.warning("claim %s: a guard was dropped without release(): releasing", held.claim.name)
+
+    def release() -> None:
+        try:
+            held.release(1)
+        except LeaseholdError as e:
+            log.warning("claim %s: release of a dropped guard failed (%s); the claim will expire", held.claim.name, e)
+
+    try:
+        threading.Thread(target=release, name="leasehold-release", daemon=True).start()
+    except RuntimeError:  # the interpreter is shutting down: release here
+        release()
+
+
+def _withdraw(session: Optional[Session], claim: _kube.KubeClaim) -> None:
+    as_holder = session is not None and session.is_holding()
+    if session is not None:
+        session.finish()
     try:
         claim.give_up(as_holder)
     except LeaseholdError as e:
@@ -351,19 +395,20 @@ class _Wait:
         """Wait until the claim is granted (``("granted", token)``) or the wait ends
         otherwise (``would-block``, ``held-back``, ``tampered``, ``dropped``)."""
         while True:
+            # The deadlines first: a steady stream of events must not postpone them.
+            now = time.monotonic()
+            if self.mode.until is not None and now >= self.mode.until:
+                raise self.mode.timed_out()
+            notice_at = self._notice_at()
+            if notice_at is not None and now >= notice_at:
+                ended = self._notice_due()
+                if ended:
+                    return ended
             deadlines = [t for t in (self.mode.until, self._notice_at()) if t is not None]
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             try:
                 kind, value = self.events.get(timeout=timeout)
             except queue.Empty:
-                now = time.monotonic()
-                if self.mode.until is not None and now >= self.mode.until:
-                    raise self.mode.timed_out() from None
-                notice_at = self._notice_at()
-                if notice_at is not None and now >= notice_at:
-                    ended = self._notice_due()
-                    if ended:
-                        return ended
                 continue
             if kind == "cancel":
                 raise Cancelled("the acquire was cancelled")
@@ -467,7 +512,7 @@ class _Wait:
             self.claim.name,
             p.UNQUEUED_NOTICE,
         )
-        self.unplaced_since = None
+        self.settled, self.unplaced_since = True, None
         return None
 
     def _progress(self, status: p.Status) -> None:
@@ -489,6 +534,15 @@ class _Wait:
 def _watch_revocation(held: _Held, wrote: p.Written) -> None:
     """After the grant: report the session lost as soon as a status no longer grants it,
     records the claim otherwise than it was written, or the lock is deleted."""
+    try:
+        _follow_grant(held, wrote)
+    except Exception:  # noqa: BLE001 - a status it cannot read: stop rather than act blind
+        log.exception("claim %s: following the grant failed: giving it up", held.claim.name)
+        held.session.lose(REVOKED)
+        held._watch.stop()
+
+
+def _follow_grant(held: _Held, wrote: p.Written) -> None:
     session, name = held.session, held.claim.name
     while True:
         if not session.is_live():

@@ -232,7 +232,7 @@ Status = Mapping[str, Any]
 def granted_token(status: Status, claim: str) -> Optional[int]:
     """The token with which ``status`` grants ``claim``: listed as an unrevoked holder."""
     for h in status.get("holders") or []:
-        if h.get("claim") == claim and not h.get("revoked"):
+        if h.get("claim") == claim and h.get("revoked") is None:
             return int(h["fencingToken"])
     return None
 
@@ -247,7 +247,7 @@ def still_grants(status: Status, claim: str, token: int) -> bool:
 
 def held_back(status: Status, claim: str) -> bool:
     """Whether ``status`` lists ``claim`` as a revoked holder whose slot is held back."""
-    return any(h.get("claim") == claim and h.get("revoked") for h in status.get("holders") or [])
+    return any(h.get("claim") == claim and h.get("revoked") is not None for h in status.get("holders") or [])
 
 
 def names_claim(status: Status, claim: str) -> bool:

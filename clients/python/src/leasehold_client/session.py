@@ -139,6 +139,13 @@ class Session:
         return deadline if p.may_hold(since, deadline, self.lease) else since + self.lease
 
     def _run(self) -> None:
+        try:
+            self._renew_until_over()
+        except BaseException:  # noqa: BLE001 - a dead renewal thread must not leave the claim "live"
+            log.exception("claim %s: the renewal thread failed: giving up the grant", self.claim)
+            self.lose(RENEWALS_FAILED)
+
+    def _renew_until_over(self) -> None:
         retry_at: Optional[float] = None
         backoff = 0.1
         while True:
@@ -183,7 +190,7 @@ class Session:
     def _renew_bounded(self, sent: float) -> Optional[Renewal]:
         """One renewal on a thread of its own, raced against the renewal timeout and the
         give-up deadline; ``None`` when the session ended or was lost meanwhile."""
-        box: List[Renewal] = []
+        box: List[Tuple[Renewal, float]] = []
 
         def attempt() -> None:
             try:
@@ -191,24 +198,30 @@ class Session:
             except Exception as e:  # noqa: BLE001 - any failure is a failed attempt
                 result = ("failed", str(e))
             with self._cond:
-                box.append(result)
+                box.append((result, self._clock()))
                 self._cond.notify_all()
 
-        threading.Thread(target=attempt, name=f"leasehold-renewal-{self.claim}", daemon=True).start()
+        try:
+            threading.Thread(target=attempt, name=f"leasehold-renewal-{self.claim}", daemon=True).start()
+        except RuntimeError as e:  # no thread to be had: a failed attempt
+            return ("failed", f"starting the renewal: {e}")
         timeout_at = sent + p.renew_timeout(self.lease)
         with self._cond:
-            while not box:
+            while True:
                 if self._state != LIVE:
                     return None
-                now = self._clock()
                 give_up_at = self._give_up_at()
+                if box:
+                    result, answered = box[0]
+                    if answered < give_up_at:
+                        return result
+                    break  # answered past the deadline: the loss stands
+                now = self._clock()
                 if now >= give_up_at:
                     break
                 if now >= timeout_at:
                     return ("failed", "timed out")
                 self._cond.wait(min(timeout_at, give_up_at) - now)
-            if box:
-                return box[0]
         log.warning("claim %s: renewals failed for too long: giving up the grant", self.claim)
         self.lose(RENEWALS_FAILED)
         return None
