@@ -21,6 +21,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
 from . import protocol as p
+from ._http import REACH, notice_written
 from .errors import ApiError
 from .session import Renewal
 
@@ -237,8 +238,6 @@ class KubeClaim:
 
     def set_notice_target(self, target: Any) -> None:
         """Where release notices go, as the latest status said (probed when it changes)."""
-        from ._http import REACH
-
         with self._target_lock:
             changed = target != self._notice_target
             self._notice_target = target
@@ -258,8 +257,6 @@ class KubeClaim:
     def give_up(self, as_holder: bool) -> None:
         """A holder tells the controller first and is done if it answers that the release
         is written; otherwise (and for a waiter) the claim is marked released."""
-        from ._http import notice_written
-
         target = self.notice_target
         if as_holder and target is not None:
             notice = {"namespace": self.namespace, "lock": self.lock, "claim": self.name, "secret": self.secret.reveal()}

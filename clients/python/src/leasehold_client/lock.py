@@ -22,7 +22,7 @@ from kubernetes import client as k8s
 
 from . import _kube
 from . import protocol as p
-from ._http import DirectWait, NoticeTarget
+from ._http import REACH, DirectWait, NoticeTarget
 from .errors import (
     ApiError,
     ClaimCollected,
@@ -455,8 +455,6 @@ class _Wait:
             return ("tampered", 0)
         self.notices_to = NoticeTarget.of(lock)
         if self.notices_to is not None:
-            from ._http import REACH
-
             REACH.probe(self.notices_to.url, self.session.lease)
         token = p.granted_token(status, name)
         if token is not None:
