@@ -88,9 +88,9 @@ pub enum Command {
         /// Supervise the command's whole process tree instead of becoming the command.
         #[arg(long)]
         supervise: bool,
-        /// With --supervise: start the command only once its environment (`K=V` lines,
-        /// then an empty line) has been read from this inherited descriptor.
-        #[arg(long, requires = "supervise")]
+        /// Start the command only once its environment (`K=V` lines, then an empty
+        /// line) has been read from this inherited descriptor.
+        #[arg(long)]
         start_fd: Option<i32>,
         /// With --supervise: when the command ended leaving no process behind, write
         /// `exited CODE` to this inherited descriptor (before exiting with CODE).
@@ -135,8 +135,19 @@ pub fn run_sync(cli: &Cli) -> Option<ExitCode> {
             report_fd,
             ..
         } => Some(match crate::supervise::supervise(command, *start_fd, *report_fd) {
-            Ok(Some(code)) => ExitCode::from(code),
-            Ok(None) => ExitCode::from(crate::supervise::EXIT_NOT_STARTED),
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                eprintln!("leasehold guard: {e}");
+                ExitCode::from(127)
+            }
+        }),
+        Command::Guard {
+            signal,
+            command,
+            start_fd: Some(fd),
+            ..
+        } => Some(match crate::supervise::exec_when_started(*signal, *fd, command) {
+            Ok(_) => ExitCode::from(crate::supervise::EXIT_NOT_STARTED),
             Err(e) => {
                 eprintln!("leasehold guard: {e}");
                 ExitCode::from(127)

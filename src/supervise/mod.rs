@@ -14,7 +14,9 @@
 //! nothing CMD left behind outlives the grant), and exits with CMD's status. When CMD
 //! left nothing behind, it first reports that status on its report descriptor, so
 //! `leasehold run` can release without waiting for the supervisor's own exit (0.57 ms
-//! of a handoff, measured).
+//! of a handoff, measured). CMD's process is started before the grant and waits for
+//! the start message itself ([`start`]: `leasehold guard --start-fd`), so at the grant
+//! it only `exec`s.
 //!
 //! The parent-death signal fires when the *thread* that forked the child ends, so
 //! spawn guarded children from a thread that lives as long as the parent needs them.
@@ -27,7 +29,10 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::{Pid, getppid};
 use tokio::signal::unix::{SignalKind, signal};
 
+mod start;
 mod tree;
+
+pub use start::exec_when_started;
 
 pub use tree::{KILL_TIMEOUT, kill_descendants};
 
@@ -81,11 +86,12 @@ fn parent_gone(expected: Option<Pid>) -> bool {
 
 /// Run `argv` as a supervised process tree (see the module doc); returns the exit
 /// status to exit with: CMD's code, or 128 + the signal that ended it. With `start_fd`
-/// (see [`Pending`]) CMD starts only once its environment has been read from that
-/// descriptor; `Ok(None)` when it never was. With `report_fd`, that status is written
+/// (see [`Pending`]) CMD's process starts at once and waits to read its environment
+/// from that descriptor before it becomes CMD ([`start`]; when it never does, it exits
+/// with [`EXIT_NOT_STARTED`]). With `report_fd`, that status is written
 /// there (`exited N`) when CMD's tree ended with CMD (nothing of it left to kill), and
 /// only then.
-pub fn supervise(argv: &[OsString], start_fd: Option<i32>, report_fd: Option<i32>) -> std::io::Result<Option<u8>> {
+pub fn supervise(argv: &[OsString], start_fd: Option<i32>, report_fd: Option<i32>) -> std::io::Result<u8> {
     let Some((program, args)) = argv.split_first() else {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -108,26 +114,15 @@ pub fn supervise(argv: &[OsString], start_fd: Option<i32>, report_fd: Option<i32
         let mut kill_tree = signal(SignalKind::from_raw(KILL_TREE_SIGNAL as i32))?;
         let mut forward_term = signal(SignalKind::from_raw(FORWARD_TERM_SIGNAL as i32))?;
         let mut report = report_fd.map(|fd| reopened(fd, true)).transpose()?;
-        // Everything above is paid before the start message, off the handoff's path.
-        let env = match start_fd {
-            Some(fd) => tokio::select! {
-                biased; // a signal already here wins over a start message
-                _ = term.recv() => return Ok(None),
-                _ = int.recv() => return Ok(None),
-                _ = kill_tree.recv() => return Ok(None),
-                env = read_start(reopened(fd, false)?) => match env? {
-                    Some(env) => env,
-                    None => return Ok(None),
-                },
-            },
-            None => Vec::new(),
+        let mut child = match start_fd {
+            // CMD's process starts now and waits for the start message itself.
+            Some(fd) => started_ahead(program, args, reopened(fd, false)?)?.spawn()?,
+            None => tokio::process::Command::new(program)
+                .args(args)
+                .env_remove(PARENT_ENV)
+                .process_group(0)
+                .spawn()?,
         };
-        let mut child = tokio::process::Command::new(program)
-            .args(args)
-            .envs(env)
-            .env_remove(PARENT_ENV)
-            .process_group(0)
-            .spawn()?;
         let cmd = Pid::from_raw(child.id().expect("a just-spawned child has a pid") as i32);
         let status = loop {
             tokio::select! {
@@ -155,7 +150,7 @@ pub fn supervise(argv: &[OsString], start_fd: Option<i32>, report_fd: Option<i32
                 tree::KILL_TIMEOUT
             );
         }
-        Ok(Some(code))
+        Ok(code)
     })
 }
 
@@ -173,23 +168,33 @@ fn reopened(fd: i32, write: bool) -> std::io::Result<std::fs::File> {
     Ok(file)
 }
 
-/// Read CMD's extra environment (`KEY=VALUE` lines, then an empty line) from the start
-/// descriptor, which is closed after; `None` at end of file before the empty line.
-async fn read_start(file: std::fs::File) -> std::io::Result<Option<Vec<(String, String)>>> {
-    use tokio::io::AsyncBufReadExt;
-    let pipe = tokio::net::unix::pipe::Receiver::from_file(file)?;
-    let mut lines = tokio::io::BufReader::new(pipe).lines();
-    let mut env = Vec::new();
-    while let Some(line) = lines.next_line().await? {
-        if line.is_empty() {
-            return Ok(Some(env));
-        }
-        let (k, v) = line
-            .split_once('=')
-            .ok_or_else(|| std::io::Error::other(format!("guard: bad start line {line:?}")))?;
-        env.push((k.to_string(), v.to_string()));
-    }
-    Ok(None)
+/// `leasehold guard --start-fd` for `program`, in a process group of its own, reading
+/// the start message from `start` (see [`start`]).
+fn started_ahead(
+    program: &OsString,
+    args: &[OsString],
+    start: std::fs::File,
+) -> std::io::Result<tokio::process::Command> {
+    use command_fds::{CommandFdExt, FdMapping};
+    let mut cmd = tokio::process::Command::new(self_exe()?);
+    cmd.args([
+        "guard",
+        "--signal",
+        "SIGKILL",
+        "--start-fd",
+        &START_FD.to_string(),
+        "--",
+    ])
+    .arg(program)
+    .args(args)
+    .env(PARENT_ENV, std::process::id().to_string())
+    .process_group(0);
+    cmd.fd_mappings(vec![FdMapping {
+        parent_fd: start.into(),
+        child_fd: START_FD,
+    }])
+    .map_err(std::io::Error::other)?;
+    Ok(cmd)
 }
 
 /// A supervisor started ahead of the grant, waiting to start CMD: the costs of

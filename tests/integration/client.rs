@@ -267,6 +267,27 @@ async fn cmd_cannot_forge_its_supervisors_report() {
     assert!(matches!(state, None | Some('Z' | 'X')), "CMD's job runs ({state:?})");
 }
 
+/// The first child process `pid` has.
+fn first_child(pid: u32) -> u32 {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    children
+        .split_whitespace()
+        .next()
+        .unwrap_or_else(|| panic!("process {pid} has no child"))
+        .parse()
+        .unwrap()
+}
+
+/// Whether process `pid` is gone (or a zombie).
+fn dead(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat
+        .rsplit(')')
+        .next()
+        .and_then(|t| t.split_whitespace().next().map(String::from));
+    matches!(state.as_deref(), None | Some("Z" | "X"))
+}
+
 #[tokio::test]
 async fn sigkill_of_a_waiting_run_leaves_neither_supervisor_nor_cmd() {
     let ns = TestNs::new("waitkill").await;
@@ -274,23 +295,13 @@ async fn sigkill_of_a_waiting_run_leaves_neither_supervisor_nor_cmd() {
     ns.lock("l", spec(LEASE)).await;
     let dir = scratch("waitkill");
     let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, FORKING).await;
-    // b waits with its supervisor started ahead of the grant.
-    let b = run_b.id().unwrap();
-    let children = std::fs::read_to_string(format!("/proc/{b}/task/{b}/children")).unwrap();
-    let supervisor: i32 = children
-        .split_whitespace()
-        .next()
-        .expect("a pending supervisor")
-        .parse()
-        .unwrap();
+    // b waits with its supervisor, and CMD's process waiting to exec, started ahead
+    // of the grant.
+    let supervisor = first_child(run_b.id().unwrap());
+    let pending = first_child(supervisor);
     run_b.kill().await.unwrap();
-    wait_for("the pending supervisor to die", DEADLINE, || async {
-        let stat = std::fs::read_to_string(format!("/proc/{supervisor}/stat")).unwrap_or_default();
-        let state = stat
-            .rsplit(')')
-            .next()
-            .and_then(|t| t.split_whitespace().next().map(String::from));
-        matches!(state.as_deref(), None | Some("Z" | "X")).then_some(())
+    wait_for("the pending supervisor and CMD to die", DEADLINE, || async {
+        (dead(supervisor) && dead(pending)).then_some(())
     })
     .await;
     run_a.kill().await.unwrap();
@@ -301,6 +312,39 @@ async fn sigkill_of_a_waiting_run_leaves_neither_supervisor_nor_cmd() {
     assert!(
         !log(&dir).iter().any(|l| l[0] == "start" && l[2] == "b"),
         "b's CMD ran though b was killed while waiting"
+    );
+}
+
+#[tokio::test]
+async fn sigkill_of_a_waiting_supervisor_kills_the_pending_cmd_and_run_never_starts_it() {
+    let ns = TestNs::new("pendkill").await;
+    let _c = spawn_controller(&ns, "pendkill");
+    ns.lock("l", spec(LEASE)).await;
+    let dir = scratch("pendkill");
+    let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, FORKING).await;
+    let supervisor = first_child(run_b.id().unwrap());
+    let pending = first_child(supervisor);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(supervisor as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // The pending process dies with its supervisor (its parent-death signal), so no
+    // start message can reach it; b, granted, finds no one to start and releases.
+    wait_for("the pending CMD to die with its supervisor", DEADLINE, || async {
+        dead(pending).then_some(())
+    })
+    .await;
+    run_a.kill().await.unwrap();
+    let status = tokio::time::timeout(DEADLINE, run_b.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(125), "b could not start CMD: its own error");
+    ns.wait_lock("l", "the lock to be free", |l| {
+        holders(l).is_empty() && queue(l).is_empty()
+    })
+    .await;
+    assert!(
+        !log(&dir).iter().any(|l| l[0] == "start" && l[2] == "b"),
+        "b's CMD ran though its supervisor was killed while waiting"
     );
 }
 
