@@ -15,7 +15,7 @@
 //! * a key whose value is no claim (written by something else) is held back the same
 //!   way, so it cannot block the lock for ever.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -48,6 +48,61 @@ pub fn wake_on(max_holders: i32) -> WakeOn {
         WakeOn::KeyAhead
     } else {
         WakeOn::AnyDeletion
+    }
+}
+
+/// Client: up to this many keys ahead, a waiter watches the lock's whole prefix and
+/// tracks every key ahead of it ([`track_ahead`]), so it holds at the very event that
+/// frees its slot, with no read after it. Deeper in the queue it watches as
+/// [`wake_on`] says and reads again when woken, so one release wakes few waiters.
+pub const TRACKED_AHEAD: i64 = 32;
+
+/// Client: one change to a lock's keys, as a watch on its prefix shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyChange<'a> {
+    /// A key written (created, or moved onto another lease).
+    Put(&'a [u8]),
+    /// A key deleted (by its client, its lease's end, or the controller).
+    Delete(&'a [u8]),
+}
+
+/// Client: what a waiter tracking every key ahead of it learns from one watch response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tracked {
+    /// Fewer than `maxHolders` keys are ahead, and its own key is as it was: it holds.
+    Holds,
+    /// Its own key was moved or deleted by someone else: the claim is lost.
+    Lost,
+    /// Still waiting.
+    Waiting,
+}
+
+/// Client: apply one watch response (etcd never splits a revision's events) to `ahead`,
+/// the keys created before the waiter's `own` key, as read when the watch began. The
+/// watch is one watch on the lock's prefix, so its events come in revision order and
+/// none is missed: after them `ahead` is exactly the keys ahead at that revision (a key
+/// created later is behind), and its own key untouched means still on its own lease.
+pub fn track_ahead<'a>(
+    ahead: &mut BTreeSet<Vec<u8>>,
+    own: &[u8],
+    changes: impl IntoIterator<Item = KeyChange<'a>>,
+    max_holders: i32,
+) -> Tracked {
+    let mut changed = false;
+    for change in changes {
+        changed = true;
+        match change {
+            KeyChange::Put(key) | KeyChange::Delete(key) if key == own => return Tracked::Lost,
+            KeyChange::Delete(key) => {
+                ahead.remove(key);
+            }
+            KeyChange::Put(_) => {}
+        }
+    }
+    if changed && holds(ahead.len() as i64, max_holders) {
+        Tracked::Holds
+    } else {
+        Tracked::Waiting
     }
 }
 

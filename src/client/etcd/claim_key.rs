@@ -2,6 +2,7 @@
 //! own, renew (check the key is still on that lease, then keep the lease alive), wait
 //! for the keys ahead to go, and give the claim up by revoking the lease.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use crate::client::session::{Cadence, Session};
 use crate::client::{LostReason, State};
 use crate::etcd::Error;
 use crate::etcd::keys::{ClaimValue, claim_key, lock_prefix};
-use crate::etcd::rules::{WakeOn, holds, wake_on};
+use crate::etcd::rules::{KeyChange, TRACKED_AHEAD, Tracked, WakeOn, holds, track_ahead, wake_on};
 use crate::protocol::PodIdentity;
 use crate::protocol::claim::claim_name;
 use crate::protocol::timing::{etcd_claim_ttl, renew_timeout};
@@ -195,17 +196,21 @@ async fn create(
 
 impl KeyClaim {
     /// Wait until the claim holds (`until` bounds it; `try_only` returns at once when
-    /// keys are ahead). Woken by a watch, never by polling.
+    /// keys are ahead). Woken by a watch, never by polling: near the head of the queue
+    /// it holds at the event that frees its slot ([`TRACKED_AHEAD`]); deeper, it reads
+    /// again when woken.
     async fn wait(&mut self, session: &Session, until: Option<Instant>, try_only: bool) -> Result<Waited, Error> {
         loop {
-            // Up to maxHolders of the keys created before this one, the nearest first.
-            // (etcd counts a range before its revision filters: count the keys returned.)
+            // The keys created before this one, the nearest first: all of them up to
+            // TRACKED_AHEAD, and at least maxHolders. (etcd counts a range before its
+            // revision filters: count the keys returned.)
+            let limit = i64::from(self.max_holders.max(1)).max(TRACKED_AHEAD + 1);
             let ahead = GetOptions::new()
                 .with_prefix()
                 .with_keys_only()
                 .with_max_create_revision(self.revision - 1)
                 .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(i64::from(self.max_holders.max(1)));
+                .with_limit(limit);
             let check =
                 on_own_lease(&self.key, self.lease_id).and_then([TxnOp::get(self.prefix.as_str(), Some(ahead))]);
             let r = self
@@ -220,38 +225,104 @@ impl KeyClaim {
             let Some(TxnOpResponse::Get(got)) = r.op_responses().into_iter().next() else {
                 return Ok(Waited::Lost);
             };
-            if holds(got.kvs().len() as i64, self.max_holders) {
+            let count = got.kvs().len() as i64;
+            if holds(count, self.max_holders) {
                 return Ok(Waited::Granted(self.revision));
             }
             if try_only {
                 return Ok(Waited::WouldBlock);
             }
-            let (target, options) = match wake_on(self.max_holders) {
-                WakeOn::KeyAhead => (got.kvs()[0].key().to_vec(), WatchOptions::new()),
-                WakeOn::AnyDeletion => (self.prefix.clone().into_bytes(), WatchOptions::new().with_prefix()),
-            };
-            let options = options
-                .with_start_revision(at + 1)
-                .with_filters([WatchFilterType::NoPut]);
-            let what = String::from_utf8_lossy(&target).into_owned();
-            let mut ahead = self
-                .client
-                .watch(target, Some(options))
-                .await
-                .map_err(|e| Error::Watch(what.clone(), e))?;
-            let mut mine = self.watch_own(at + 1).await?;
             let deadline = async {
                 match until {
                     Some(t) => tokio::time::sleep_until(t).await,
                     None => std::future::pending().await,
                 }
             };
-            tokio::select! {
-                woke = deletion(&mut ahead) => woke.map_err(|e| Error::Watch(what, e))?,
-                _ = changed(&mut mine) => return Ok(Waited::Lost),
-                _ = session.lost() => return Ok(Waited::Lost),
-                _ = deadline => return Ok(Waited::TimedOut),
+            let woke = if count <= TRACKED_AHEAD {
+                let ahead = got.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+                self.wait_tracking(ahead, at, session, deadline).await?
+            } else {
+                self.wait_woken(got.kvs()[0].key().to_vec(), at, session, deadline)
+                    .await?
+            };
+            if let Some(waited) = woke {
+                return Ok(waited);
             }
+        }
+    }
+
+    /// Watch the lock's whole prefix from revision `at + 1`, tracking `ahead` (every key
+    /// ahead at `at`): the outcome at the event that decides it; `None` when the watch
+    /// ended (read again).
+    async fn wait_tracking(
+        &mut self,
+        mut ahead: BTreeSet<Vec<u8>>,
+        at: i64,
+        session: &Session,
+        deadline: impl std::future::Future<Output = ()>,
+    ) -> Result<Option<Waited>, Error> {
+        let options = WatchOptions::new().with_prefix().with_start_revision(at + 1);
+        let mut stream = self
+            .client
+            .watch(self.prefix.as_str(), Some(options))
+            .await
+            .map_err(|e| Error::Watch(self.prefix.clone(), e))?;
+        let (own, max_holders, granted) = (self.key.as_bytes(), self.max_holders, self.revision);
+        let tracked = async {
+            while let Some(r) = stream.message().await? {
+                if r.canceled() {
+                    break;
+                }
+                let changes = r.events().iter().filter_map(|e| {
+                    let kv = e.kv()?;
+                    Some(match e.event_type() {
+                        EventType::Put => KeyChange::Put(kv.key()),
+                        EventType::Delete => KeyChange::Delete(kv.key()),
+                    })
+                });
+                match track_ahead(&mut ahead, own, changes, max_holders) {
+                    Tracked::Holds => return Ok(Some(Waited::Granted(granted))),
+                    Tracked::Lost => return Ok(Some(Waited::Lost)),
+                    Tracked::Waiting => {}
+                }
+            }
+            Ok(None)
+        };
+        tokio::select! {
+            t = tracked => t.map_err(|e: etcd_client::Error| Error::Watch(self.prefix.clone(), e)),
+            _ = session.lost() => Ok(Some(Waited::Lost)),
+            _ = deadline => Ok(Some(Waited::TimedOut)),
+        }
+    }
+
+    /// Watch as [`wake_on`] says, `nearest` being the key just ahead, and the claim's
+    /// own key, from revision `at + 1`: `None` when woken (read again), else the outcome.
+    async fn wait_woken(
+        &mut self,
+        nearest: Vec<u8>,
+        at: i64,
+        session: &Session,
+        deadline: impl std::future::Future<Output = ()>,
+    ) -> Result<Option<Waited>, Error> {
+        let (target, options) = match wake_on(self.max_holders) {
+            WakeOn::KeyAhead => (nearest, WatchOptions::new()),
+            WakeOn::AnyDeletion => (self.prefix.clone().into_bytes(), WatchOptions::new().with_prefix()),
+        };
+        let options = options
+            .with_start_revision(at + 1)
+            .with_filters([WatchFilterType::NoPut]);
+        let what = String::from_utf8_lossy(&target).into_owned();
+        let mut ahead = self
+            .client
+            .watch(target, Some(options))
+            .await
+            .map_err(|e| Error::Watch(what.clone(), e))?;
+        let mut mine = self.watch_own(at + 1).await?;
+        tokio::select! {
+            woke = deletion(&mut ahead) => woke.map(|()| None).map_err(|e| Error::Watch(what, e)),
+            _ = changed(&mut mine) => Ok(Some(Waited::Lost)),
+            _ = session.lost() => Ok(Some(Waited::Lost)),
+            _ = deadline => Ok(Some(Waited::TimedOut)),
         }
     }
 

@@ -184,3 +184,38 @@ fn a_mutex_waiter_watches_the_key_ahead_and_a_semaphore_waiter_every_deletion() 
     assert_eq!(wake_on(1), WakeOn::KeyAhead);
     assert_eq!(wake_on(3), WakeOn::AnyDeletion);
 }
+
+#[test]
+fn a_tracking_waiter_holds_at_the_deletion_that_frees_its_slot_and_not_before() {
+    let own = b"/l/me".as_slice();
+    let mut ahead: BTreeSet<Vec<u8>> = [b"/l/a".to_vec(), b"/l/b".to_vec()].into();
+    use KeyChange::{Delete, Put};
+    // A key created behind it, a key ahead moved (held back): still waiting.
+    assert_eq!(
+        track_ahead(&mut ahead, own, [Put(b"/l/z"), Put(b"/l/a")], 1),
+        Tracked::Waiting
+    );
+    // A key behind deleted: still waiting; one ahead deleted: one is left.
+    assert_eq!(track_ahead(&mut ahead, own, [Delete(b"/l/z")], 1), Tracked::Waiting);
+    assert_eq!(track_ahead(&mut ahead, own, [Delete(b"/l/a")], 1), Tracked::Waiting);
+    assert_eq!(track_ahead(&mut ahead, own, [Delete(b"/l/b")], 1), Tracked::Holds);
+    // A semaphore of 2: one deletion of two ahead frees a slot.
+    let mut two: BTreeSet<Vec<u8>> = [b"/l/a".to_vec(), b"/l/b".to_vec()].into();
+    assert_eq!(track_ahead(&mut two, own, [Delete(b"/l/b")], 2), Tracked::Holds);
+}
+
+#[test]
+fn a_tracking_waiter_whose_own_key_changed_in_the_same_revision_is_lost() {
+    let own = b"/l/me".as_slice();
+    use KeyChange::{Delete, Put};
+    for mine in [Put(own), Delete(own)] {
+        let mut ahead: BTreeSet<Vec<u8>> = [b"/l/a".to_vec()].into();
+        // The key ahead goes in the same revision as its own key is moved or deleted.
+        assert_eq!(track_ahead(&mut ahead, own, [Delete(b"/l/a"), mine], 1), Tracked::Lost);
+        let mut ahead: BTreeSet<Vec<u8>> = [b"/l/a".to_vec()].into();
+        assert_eq!(track_ahead(&mut ahead, own, [mine, Delete(b"/l/a")], 1), Tracked::Lost);
+    }
+    // A response with no events (the watch's creation) decides nothing.
+    let mut none: BTreeSet<Vec<u8>> = BTreeSet::new();
+    assert_eq!(track_ahead(&mut none, own, [], 1), Tracked::Waiting);
+}
