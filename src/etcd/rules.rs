@@ -34,28 +34,32 @@ pub fn holds(ahead: i64, max_holders: i32) -> bool {
 /// Client: what a waiting claim watches to learn that it may hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WakeOn {
-    /// Only the key just ahead of it (a mutex: it holds once every key ahead is gone,
-    /// and the one just ahead goes last or is re-checked): one waiter woken per release.
-    KeyAhead,
-    /// Any deletion among the lock's keys (a semaphore: any key ahead going may free
-    /// a slot for it).
+    /// Next in line (exactly `maxHolders` keys ahead): the lock's whole prefix, tracking
+    /// every key ahead ([`track_ahead`]), so it holds at the very event that frees its
+    /// slot, with no read after it. One waiter of a mutex watches so.
+    Tracking,
+    /// A mutex's waiter further back: the key second nearest ahead. It cannot hold
+    /// while that key exists, and when it goes the waiter is usually next in line: it
+    /// reads again and tracks, before the release it waits for. One waiter woken per
+    /// release.
+    SecondAhead,
+    /// A semaphore's waiter further back: any deletion among the lock's keys (any key
+    /// ahead going may free a slot for it).
     AnyDeletion,
 }
 
-/// Client: what a waiting claim of a lock with `max_holders` watches.
-pub fn wake_on(max_holders: i32) -> WakeOn {
-    if max_holders <= 1 {
-        WakeOn::KeyAhead
+/// Client: what a waiting claim of a lock with `max_holders` watches, with `ahead` keys
+/// ahead of it (more than it may hold beside).
+pub fn wake_on(ahead: i64, max_holders: i32) -> WakeOn {
+    let max = i64::from(max_holders.max(1));
+    if ahead <= max {
+        WakeOn::Tracking
+    } else if max == 1 {
+        WakeOn::SecondAhead
     } else {
         WakeOn::AnyDeletion
     }
 }
-
-/// Client: up to this many keys ahead, a waiter watches the lock's whole prefix and
-/// tracks every key ahead of it ([`track_ahead`]), so it holds at the very event that
-/// frees its slot, with no read after it. Deeper in the queue it watches as
-/// [`wake_on`] says and reads again when woken, so one release wakes few waiters.
-pub const TRACKED_AHEAD: i64 = 32;
 
 /// Client: one change to a lock's keys, as a watch on its prefix shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -590,26 +590,28 @@ async fn a_semaphore_on_etcd_lets_two_hold_and_wakes_the_waiter_when_either_rele
 }
 
 #[tokio::test]
-async fn a_queue_deeper_than_the_tracked_waiters_is_granted_in_order_one_at_a_time() {
-    // Waiters beyond TRACKED_AHEAD watch only the key just ahead and read again when
-    // woken; nearer the head they track every key ahead and hold at the deletion that
-    // frees the slot. Every waiter crosses from the first to the second here.
-    let depth = leasehold::etcd::rules::TRACKED_AHEAD as usize + 4;
+async fn a_queue_is_granted_in_order_one_at_a_time_as_waiters_move_up_and_one_withdraws() {
+    // A waiter further back watches the key second ahead of it; when that goes it
+    // reads again, and next in line it tracks every key ahead and holds at the
+    // deletion that frees the slot. p2 withdraws while waiting: p3 (its nearest key
+    // ahead gone unseen) and p4 (its second) still get their turns.
+    let depth = 6;
     let etcd = shared();
     etcd.ready().await;
-    let ns = TestNs::new("etcddeep").await;
+    let ns = TestNs::new("etcdqueue").await;
     ns.lock("l", etcd_spec(&ns, &etcd.url(), 10, 1)).await;
     let holding = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let (tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
     // The first holder keeps the lock until every claim is queued.
     let (go, gate) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
     for i in 0..depth {
         let lock = Lock::builder(ns.client.clone(), &ns.name, "l")
             .identity(ns.pod(&format!("p{i}")).await)
             .build()
             .unwrap();
         let (holding, tx, mut gate) = (holding.clone(), tx.clone(), gate.clone());
-        tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             let guard = lock.acquire().await.expect("granted");
             let others = holding.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             tx.send((i, guard.fencing_token(), others)).unwrap();
@@ -618,16 +620,21 @@ async fn a_queue_deeper_than_the_tracked_waiters_is_granted_in_order_one_at_a_ti
             tokio::time::sleep(Duration::from_millis(5)).await;
             holding.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             guard.release().await.expect("released");
-        });
+        }));
         // Queued in this order: the next claim only once this one's key exists.
         wait_for("the claim key", DEADLINE, || async {
             (keys_left(&ns, etcd).await > i).then_some(())
         })
         .await;
     }
+    tasks[2].abort(); // dropped while waiting: its claim is withdrawn
+    wait_for("p2's claim withdrawn", DEADLINE, || async {
+        (keys_left(&ns, etcd).await == depth - 1).then_some(())
+    })
+    .await;
     go.send(true).unwrap();
     let mut last = 0;
-    for expected in 0..depth {
+    for expected in [0, 1, 3, 4, 5] {
         let (i, token, others) = tokio::time::timeout(DEADLINE, granted.recv()).await.unwrap().unwrap();
         assert_eq!(i, expected, "granted out of order");
         assert!(token > last, "token {token} after {last}");

@@ -21,7 +21,7 @@ use crate::client::session::{Cadence, Session};
 use crate::client::{LostReason, State};
 use crate::etcd::Error;
 use crate::etcd::keys::{ClaimValue, claim_key, lock_prefix};
-use crate::etcd::rules::{KeyChange, TRACKED_AHEAD, Tracked, WakeOn, holds, track_ahead, wake_on};
+use crate::etcd::rules::{KeyChange, Tracked, WakeOn, holds, track_ahead, wake_on};
 use crate::protocol::PodIdentity;
 use crate::protocol::claim::claim_name;
 use crate::protocol::timing::{etcd_claim_ttl, renew_timeout};
@@ -196,15 +196,15 @@ async fn create(
 
 impl KeyClaim {
     /// Wait until the claim holds (`until` bounds it; `try_only` returns at once when
-    /// keys are ahead). Woken by a watch, never by polling: near the head of the queue
-    /// it holds at the event that frees its slot ([`TRACKED_AHEAD`]); deeper, it reads
-    /// again when woken.
+    /// keys are ahead). Woken by a watch, never by polling ([`wake_on`]): next in line
+    /// it holds at the event that frees its slot; further back it reads again when
+    /// woken.
     async fn wait(&mut self, session: &Session, until: Option<Instant>, try_only: bool) -> Result<Waited, Error> {
         loop {
-            // The keys created before this one, the nearest first: all of them up to
-            // TRACKED_AHEAD, and at least maxHolders. (etcd counts a range before its
-            // revision filters: count the keys returned.)
-            let limit = i64::from(self.max_holders.max(1)).max(TRACKED_AHEAD + 1);
+            // Up to maxHolders + 1 of the keys created before this one, the nearest
+            // first. (etcd counts a range before its revision filters: count the keys
+            // returned.)
+            let limit = i64::from(self.max_holders.max(1)) + 1;
             let ahead = GetOptions::new()
                 .with_prefix()
                 .with_keys_only()
@@ -238,12 +238,21 @@ impl KeyClaim {
                     None => std::future::pending().await,
                 }
             };
-            let woke = if count <= TRACKED_AHEAD {
-                let ahead = got.kvs().iter().map(|kv| kv.key().to_vec()).collect();
-                self.wait_tracking(ahead, at, session, deadline).await?
-            } else {
-                self.wait_woken(got.kvs()[0].key().to_vec(), at, session, deadline)
-                    .await?
+            let woke = match wake_on(count, self.max_holders) {
+                WakeOn::Tracking => {
+                    let ahead = got.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+                    self.wait_tracking(ahead, at, session, deadline).await?
+                }
+                WakeOn::SecondAhead => {
+                    let second = got.kvs()[1].key().to_vec();
+                    self.wait_woken(second, WatchOptions::new(), at, session, deadline)
+                        .await?
+                }
+                WakeOn::AnyDeletion => {
+                    let prefix = self.prefix.clone().into_bytes();
+                    let options = WatchOptions::new().with_prefix();
+                    self.wait_woken(prefix, options, at, session, deadline).await?
+                }
             };
             if let Some(waited) = woke {
                 return Ok(waited);
@@ -295,19 +304,16 @@ impl KeyClaim {
         }
     }
 
-    /// Watch as [`wake_on`] says, `nearest` being the key just ahead, and the claim's
-    /// own key, from revision `at + 1`: `None` when woken (read again), else the outcome.
+    /// Watch `target` (with `options`) for a deletion, and the claim's own key, from
+    /// revision `at + 1`: `None` when woken (read again), else the outcome.
     async fn wait_woken(
         &mut self,
-        nearest: Vec<u8>,
+        target: Vec<u8>,
+        options: WatchOptions,
         at: i64,
         session: &Session,
         deadline: impl std::future::Future<Output = ()>,
     ) -> Result<Option<Waited>, Error> {
-        let (target, options) = match wake_on(self.max_holders) {
-            WakeOn::KeyAhead => (nearest, WatchOptions::new()),
-            WakeOn::AnyDeletion => (self.prefix.clone().into_bytes(), WatchOptions::new().with_prefix()),
-        };
         let options = options
             .with_start_revision(at + 1)
             .with_filters([WatchFilterType::NoPut]);

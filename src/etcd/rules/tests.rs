@@ -179,10 +179,13 @@ fn a_key_that_is_no_claim_is_reported_and_held_back_so_it_cannot_block_for_ever(
 }
 
 #[test]
-fn a_mutex_waiter_watches_the_key_ahead_and_a_semaphore_waiter_every_deletion() {
+fn next_in_line_tracks_a_mutex_waiter_behind_watches_the_key_second_ahead_a_semaphore_s_every_deletion() {
     assert!(holds(0, 1) && !holds(1, 1) && holds(2, 3) && !holds(3, 3));
-    assert_eq!(wake_on(1), WakeOn::KeyAhead);
-    assert_eq!(wake_on(3), WakeOn::AnyDeletion);
+    assert_eq!(wake_on(1, 1), WakeOn::Tracking);
+    assert_eq!(wake_on(2, 1), WakeOn::SecondAhead);
+    assert_eq!(wake_on(9, 0), WakeOn::SecondAhead);
+    assert_eq!(wake_on(3, 3), WakeOn::Tracking);
+    assert_eq!(wake_on(4, 3), WakeOn::AnyDeletion);
 }
 
 #[test]
