@@ -110,11 +110,11 @@ async fn measure(args: &Args, kubeconfig: &Path, etcd: &str) -> anyhow::Result<(
     // The two processes-level paths first and back to back, so they share conditions.
     let mut run_writes = None;
     if want("run") {
-        let before = stats::api_writes(&client).await?;
+        let before = stats::api_requests(&client).await?;
         let s = procs::leasehold_run(leasehold, &client, kubeconfig, k, n, None).await?;
         // Let the last grants' follow-up writes (deletions, sweeps, events) land.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        run_writes = Some((before, stats::api_writes(&client).await?, n + 1));
+        run_writes = Some((before, stats::api_requests(&client).await?, n + 1));
         all.push(Series::new("run", "leasehold run: CMD exits -> next CMD starts", s));
     }
     if want("etcd-run") {
@@ -167,11 +167,11 @@ async fn measure(args: &Args, kubeconfig: &Path, etcd: &str) -> anyhow::Result<(
     }
     let mut writes = None;
     if want("controller") {
-        let before = stats::api_writes(&client).await?;
+        let before = stats::api_requests(&client).await?;
         let s = inproc::controller(client.clone(), n).await?;
         // Let the grant's follow-up writes (stamp, deletion, events) land.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        writes = Some((before, stats::api_writes(&client).await?));
+        writes = Some((before, stats::api_requests(&client).await?));
         all.push(Series::new(
             "controller",
             "release mark written -> next holder in status",

@@ -86,11 +86,18 @@ pub fn write_csv(all: &[Series], path: &Path) -> std::io::Result<()> {
     f.flush()
 }
 
-/// The API server's request counters for writes, by (verb, resource), from its /metrics.
-pub async fn api_writes(client: &kube::Client) -> anyhow::Result<std::collections::BTreeMap<(String, String), f64>> {
+/// A reading of the API server's request counters, by (verb, resource).
+pub type Counters = std::collections::BTreeMap<(String, String), f64>;
+
+/// The verbs that write.
+const WRITE_VERBS: [&str; 5] = ["POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION"];
+
+/// The API server's request counters for every verb (reads and watches included), by
+/// (verb, resource), from its /metrics.
+pub async fn api_requests(client: &kube::Client) -> anyhow::Result<Counters> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
     let text = client.request_text(req).await?;
-    let mut out = std::collections::BTreeMap::new();
+    let mut out = Counters::new();
     for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
         let Some((labels, value)) = line.rsplit_once(' ') else {
             continue;
@@ -102,20 +109,32 @@ pub async fn api_writes(client: &kube::Client) -> anyhow::Result<std::collection
         let (Some(verb), Some(resource)) = (label("verb"), label("resource")) else {
             continue;
         };
-        if ["POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION"].contains(&verb.as_str()) {
-            *out.entry((verb, resource)).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
-        }
+        *out.entry((verb, resource)).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
     }
     Ok(out)
 }
 
+/// Every request between two readings per grant, by verb, on the resources a lock's
+/// work touches (claims, locks, events, pods), leaving out the claims' creation.
+pub fn requests_per_grant(before: &Counters, after: &Counters, grants: usize) -> (f64, String) {
+    let mut by_verb = std::collections::BTreeMap::<&str, f64>::new();
+    for ((verb, resource), n) in after {
+        let d = n - before.get(&(verb.clone(), resource.clone())).copied().unwrap_or(0.0);
+        let counted = ["leases", "distributedlocks", "events", "pods"].contains(&resource.as_str());
+        let created = verb == "POST" && (resource == "leases" || resource == "distributedlocks" || resource == "pods");
+        if d > 0.0 && counted && !created {
+            *by_verb.entry(verb.as_str()).or_insert(0.0) += d;
+        }
+    }
+    let per = |d: f64| d / grants.max(1) as f64;
+    let total = by_verb.values().copied().map(per).sum();
+    let parts: Vec<String> = by_verb.iter().map(|(v, d)| format!("{v} {:.2}", per(*d))).collect();
+    (total, parts.join(", "))
+}
+
 /// The API writes between two readings per grant, leaving out the claims' creation:
 /// the total and the parts by verb and resource.
-pub fn writes_per_grant(
-    before: &std::collections::BTreeMap<(String, String), f64>,
-    after: &std::collections::BTreeMap<(String, String), f64>,
-    grants: usize,
-) -> (f64, String) {
+pub fn writes_per_grant(before: &Counters, after: &Counters, grants: usize) -> (f64, String) {
     let mut total = 0.0;
     let mut parts = Vec::new();
     for (key, n) in after {
@@ -124,7 +143,7 @@ pub fn writes_per_grant(
         // pods, the kube-controller-manager's ServiceAccounts) is the benchmark's setup.
         let counted = ["leases", "distributedlocks", "events"].contains(&key.1.as_str());
         let created = key.0 == "POST" && (key.1 == "leases" || key.1 == "distributedlocks");
-        if d <= 0.0 || !counted || created {
+        if d <= 0.0 || !counted || created || !WRITE_VERBS.contains(&key.0.as_str()) {
             continue;
         }
         total += d;
@@ -133,13 +152,13 @@ pub fn writes_per_grant(
     (total / grants.max(1) as f64, parts.join(", "))
 }
 
-/// Print the writes between two readings per grant, leaving out the claims' creation.
-pub fn print_writes_per_grant(
-    path: &str,
-    before: &std::collections::BTreeMap<(String, String), f64>,
-    after: &std::collections::BTreeMap<(String, String), f64>,
-    grants: usize,
-) {
+/// Print the writes between two readings per grant, leaving out the claims' creation,
+/// and every request (reads and watches too) by verb.
+pub fn print_writes_per_grant(path: &str, before: &Counters, after: &Counters, grants: usize) {
     let (total, parts) = writes_per_grant(before, after, grants);
-    println!("{path}: {total:.2} API writes per grant (claim creation excluded): {parts}");
+    let (requests, by_verb) = requests_per_grant(before, after, grants);
+    println!(
+        "{path}: {total:.2} API writes per grant (claim creation excluded): {parts}; \
+         {requests:.2} API requests per grant, reads included: {by_verb}"
+    );
 }

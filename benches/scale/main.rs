@@ -5,24 +5,32 @@
 //! then a fresh `leasehold controller` process (this build) is started and every grant
 //! is released as soon as it is seen — flat out, then at an offered release rate. It
 //! prints grants/s, release → next grant p50/p90/p99, the controller's peak RSS and CPU
-//! seconds, and API writes per grant by verb and resource from the API server's own
-//! `/metrics`; and, first, what the unrelated pods cost the controller's memory. Then
+//! seconds, API writes per grant by verb and resource and every request per grant by
+//! verb (reads and watches too) from the API server's own `/metrics`, and the share of
+//! the API server's Lease write ceiling the run's writes took; and, first, what the
+//! unrelated pods cost the controller's memory. Then
 //! the etcd backend's rows (`--etcd-locks`): in-process clients on the control plane's
 //! etcd, each acquiring once and releasing at once; the controller only mirrors.
 //!
 //! ```sh
 //! cargo bench --features cli --bench scale                                   # (10, 100, 1000) × 10, 2000 pods; etcd (10, 100) × 10
-//! cargo bench --features cli --bench scale -- --locks 10,100 --pods 500 --rate 50
+//! cargo bench --features cli --bench scale -- --locks 10,100 --pods 500 --rate 50 --ceiling-secs 0
 //! cargo bench --features cli --bench scale -- --locks "" --etcd-locks "" --waiters 200 --waiting-secs 120
 //! ```
 //!
-//! First of all (`--waiters`, default 200): what a *waiting* claimant costs. That many
-//! library clients queue on one lock (15 s lease) whose holder keeps it; the API
-//! server's counters give every write made while they wait (`--waiting-secs`).
+//! First of all, the ceiling (`--ceiling-secs`, default 10; 0 skips it): `wrk` (Debian's
+//! package: `apt-get install wrk`) sends merge PATCHes to 64 Leases on 32 connections;
+//! the paced phase offers a sixth of it unless `--rate` says otherwise ([`ceiling`]).
+//! Then (`--waiters`, default 200): what a *waiting* claimant costs. That many library
+//! clients queue on one lock (15 s lease) whose holder keeps it; the API server's
+//! counters give every request made while they wait (`--waiting-secs`), writes and
+//! reads apart.
 
-#[path = "handoff/stats.rs"]
+#[path = "../handoff/stats.rs"]
 #[allow(dead_code)]
 mod stats;
+
+mod ceiling;
 
 use std::path::Path;
 use std::process::Stdio;
@@ -40,7 +48,10 @@ struct Args {
     locks: Vec<usize>,
     claimants: usize,
     pods: usize,
-    rate: f64,
+    /// Releases/s offered in the paced phase; `None`: a sixth of the measured ceiling.
+    rate: Option<f64>,
+    /// How long the API server's Lease write ceiling is measured (0: not measured).
+    ceiling: Duration,
     /// Lock counts for the etcd backend's rows (on the control plane's etcd).
     etcd_locks: Vec<usize>,
     /// Library clients waiting on one held lock, for what a waiter costs (0: skip).
@@ -57,7 +68,8 @@ fn args() -> Option<Args> {
         locks: locks.split(',').filter_map(|v| v.parse().ok()).collect(),
         claimants: value("--claimants").and_then(|v| v.parse().ok()).unwrap_or(10),
         pods: value("--pods").and_then(|v| v.parse().ok()).unwrap_or(2000),
-        rate: value("--rate").and_then(|v| v.parse().ok()).unwrap_or(100.0),
+        rate: value("--rate").and_then(|v| v.parse().ok()),
+        ceiling: Duration::from_secs(value("--ceiling-secs").and_then(|v| v.parse().ok()).unwrap_or(10)),
         etcd_locks: value("--etcd-locks")
             .unwrap_or_else(|| "10,100".into())
             .split(',')
@@ -150,16 +162,34 @@ async fn measure(args: &Args, kubeconfig: &Path) -> anyhow::Result<()> {
         (after as f64 - before as f64) / args.pods.max(1) as f64
     );
     println!();
+    let ceiling = if args.ceiling.is_zero() {
+        None
+    } else {
+        let c = ceiling::measure(&client, kubeconfig, "scale-ceiling", args.ceiling).await?;
+        println!(
+            "API server Lease write ceiling: {:.0} writes/s (wrk, {} connections, merge PATCHes on 64 Leases, {} s; \
+             latency p50 {} p99 {}; {} failed)",
+            c.writes_per_sec,
+            ceiling::CONNECTIONS,
+            args.ceiling.as_secs(),
+            c.latency.0,
+            c.latency.1,
+            c.failed
+        );
+        println!();
+        Some(c.writes_per_sec)
+    };
+    let rate = args.rate.or(ceiling.map(|c| c / 6.0)).unwrap_or(100.0);
     if args.waiters > 0 {
         idle_waiters(&client, kubeconfig, args.waiters, args.waiting).await?;
     }
     for &locks in &args.locks {
-        for rate in [None, Some(args.rate)] {
+        for rate in [None, Some(rate)] {
             let ns = match rate {
                 None => format!("scale-{locks}x{}-flat", args.claimants),
-                Some(r) => format!("scale-{locks}x{}-rate{r}", args.claimants),
+                Some(r) => format!("scale-{locks}x{}-rate{}", args.claimants, r as u64),
             };
-            run(&client, kubeconfig, &ns, locks, args.claimants, rate).await?;
+            run(&client, kubeconfig, &ns, (locks, args.claimants), rate, ceiling).await?;
         }
     }
     let etcd = leasehold::dev::etcd_endpoint(kubeconfig)?;
@@ -216,29 +246,45 @@ async fn idle_waiters(client: &Client, kubeconfig: &Path, n: usize, window: Dura
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let before = stats::api_writes(client).await?;
+    let before = stats::api_requests(client).await?;
     tokio::time::sleep(window).await;
-    let after = stats::api_writes(client).await?;
+    let after = stats::api_requests(client).await?;
     let delta = |verb: &str, resource: &str| {
         let key = (verb.to_string(), resource.to_string());
         after.get(&key).copied().unwrap_or(0.0) - before.get(&key).copied().unwrap_or(0.0)
     };
     let patches = delta("PATCH", "leases");
-    let others: f64 = after
-        .iter()
-        .filter(|(k, _)| ["leases", "distributedlocks", "events"].contains(&k.1.as_str()))
-        .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
-        .sum::<f64>()
-        - patches;
+    let on_lock_objects = |write: bool| {
+        after
+            .iter()
+            .filter(|(k, _)| ["leases", "distributedlocks", "events"].contains(&k.1.as_str()))
+            .filter(|(k, _)| ["POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION"].contains(&k.0.as_str()) == write)
+            .map(|(k, v)| (k, v - before.get(k).copied().unwrap_or(0.0)))
+            .filter(|(_, d)| *d > 0.0)
+            .collect::<Vec<_>>()
+    };
+    let others: f64 = on_lock_objects(true).iter().map(|(_, d)| d).sum::<f64>() - patches;
+    let reads = on_lock_objects(false);
+    let read_total: f64 = reads.iter().map(|(_, d)| d).sum();
+    let read_parts: Vec<String> = reads.iter().map(|(k, d)| format!("{} {} {d:.0}", k.0, k.1)).collect();
     let minutes = window.as_secs_f64() / 60.0;
     let holder_renewals = window.as_secs_f64() / (lease as f64 / 3.0);
+    let writes_per_minute = ((patches - holder_renewals).max(0.0) + others) / n as f64 / minutes;
     println!(
         "waiting claimants: {n} waiting {:.0} s on one held lock (lease {lease} s): {patches:.0} claim PATCHes \
          (the holder's renewals ≈ {holder_renewals:.0}), {others:.0} other lock/claim/event writes: \
          {:.2} writes per waiter per minute; controller peak RSS {:.1} MiB",
         window.as_secs_f64(),
-        ((patches - holder_renewals).max(0.0) + others) / n as f64 / minutes,
+        writes_per_minute,
         controller.rss_kib().0 as f64 / 1024.0,
+    );
+    println!(
+        "waiting claimants: reads in the same {:.0} s [{}]: {:.2} reads per waiter per minute; \
+         every request: {:.2} per waiter per minute",
+        window.as_secs_f64(),
+        read_parts.join(", "),
+        read_total / n as f64 / minutes,
+        writes_per_minute + read_total / n as f64 / minutes,
     );
     for task in &waiting {
         task.abort(); // dropped while waiting: each withdraws its claim
@@ -260,12 +306,12 @@ async fn run_etcd(
     claimants: usize,
 ) -> anyhow::Result<()> {
     let ns = format!("scale-etcd-{locks}x{claimants}");
-    let before = stats::api_writes(client).await?;
+    let before = stats::api_requests(client).await?;
     let controller = Controller::start(kubeconfig)?;
     let out = scale::drive_etcd(client, &ns, etcd, locks, claimants, RUN_DEADLINE).await?;
     tokio::time::sleep(Duration::from_secs(2)).await; // the mirror's last status writes
     let what = format!("{locks:>5} locks × {claimants} (etcd backend, flat out)");
-    report(client, &controller, &before, &out, &what).await?;
+    report(client, &controller, &before, &out, (&what, None)).await?;
     // The run's locks go while its controller runs (it lets them go: the finalizer),
     // so the next run's controller holds only its own.
     scale::remove_locks(client, &ns).await?;
@@ -273,19 +319,22 @@ async fn run_etcd(
     Ok(())
 }
 
-/// Stop the run's controller and print its row: `before` is the API server's write
-/// counters from before the run.
+/// Stop the run's controller and print its row: `before` is the API server's request
+/// counters from before the run; with the API server's Lease write `ceiling`, the share
+/// of it the run's writes took.
 async fn report(
     client: &Client,
     controller: &Controller,
-    before: &std::collections::BTreeMap<(String, String), f64>,
+    before: &stats::Counters,
     out: &Outcome,
-    what: &str,
+    (what, ceiling): (&str, Option<f64>),
 ) -> anyhow::Result<()> {
     let (peak_kib, _) = controller.rss_kib();
     let cpu = controller.cpu_seconds();
-    let after = stats::api_writes(client).await?;
+    let after = stats::api_requests(client).await?;
     let (writes, parts) = stats::writes_per_grant(before, &after, out.grants);
+    let (requests, by_verb) = stats::requests_per_grant(before, &after, out.grants);
+    let grants_per_sec = out.grants as f64 / out.elapsed.as_secs_f64();
     let handoffs = Series::new("handoff", "", out.handoffs.clone());
     if let Some(w) = out.warmup {
         println!(
@@ -296,9 +345,9 @@ async fn report(
     println!(
         "{what}: {} grants, {:.1} grants/s, release→grant p50 {:.1} ms p90 {:.1} ms p99 {:.1} ms, \
          controller peak RSS {:.1} MiB, CPU {:.1} s ({:.2} ms/grant), {writes:.2} API writes/grant [{parts}], \
-         {} violations{}",
+         {requests:.2} API requests/grant by verb [{by_verb}], {} violations{}",
         out.grants,
-        out.grants as f64 / out.elapsed.as_secs_f64(),
+        grants_per_sec,
         handoffs.quantile(0.5),
         handoffs.quantile(0.9),
         handoffs.quantile(0.99),
@@ -312,6 +361,13 @@ async fn report(
             format!(": {:?}", &out.violations[..out.violations.len().min(3)])
         },
     );
+    if let Some(c) = ceiling {
+        let rate = grants_per_sec * writes;
+        println!(
+            "{what}: API writes {rate:.0}/s (grants/s × writes/grant) = {:.0}% of the Lease write ceiling {c:.0}/s",
+            100.0 * rate / c
+        );
+    }
     Ok(())
 }
 
@@ -319,17 +375,17 @@ async fn run(
     client: &Client,
     kubeconfig: &Path,
     ns: &str,
-    locks: usize,
-    claimants: usize,
+    (locks, claimants): (usize, usize),
     rate: Option<f64>,
+    ceiling: Option<f64>,
 ) -> anyhow::Result<()> {
     let workload = scale::prepare(client, ns, locks, claimants).await?;
-    let before = stats::api_writes(client).await?;
+    let before = stats::api_requests(client).await?;
     let controller = Controller::start(kubeconfig)?;
     let out: Outcome = scale::drive(client, &workload, rate, RUN_DEADLINE).await?;
-    let offered = rate.map_or("flat out".to_string(), |r| format!("{r}/s offered"));
+    let offered = rate.map_or("flat out".to_string(), |r| format!("{r:.0}/s offered"));
     let what = format!("{locks:>5} locks × {claimants} ({offered:>12})");
-    report(client, &controller, &before, &out, &what).await?;
+    report(client, &controller, &before, &out, (&what, ceiling)).await?;
     // The run's locks go while its controller runs (it lets them go: the finalizer),
     // so the next run's controller holds only its own.
     scale::remove_locks(client, ns).await?;
