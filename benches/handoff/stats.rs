@@ -90,7 +90,7 @@ pub fn write_csv(all: &[Series], path: &Path) -> std::io::Result<()> {
 pub type Counters = std::collections::BTreeMap<(String, String), f64>;
 
 /// The verbs that write.
-const WRITE_VERBS: [&str; 5] = ["POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION"];
+pub const WRITE_VERBS: [&str; 5] = ["POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION"];
 
 /// The API server's request counters for every verb (reads and watches included), by
 /// (verb, resource), from its /metrics.

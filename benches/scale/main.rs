@@ -258,7 +258,7 @@ async fn idle_waiters(client: &Client, kubeconfig: &Path, n: usize, window: Dura
         after
             .iter()
             .filter(|(k, _)| ["leases", "distributedlocks", "events"].contains(&k.1.as_str()))
-            .filter(|(k, _)| ["POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION"].contains(&k.0.as_str()) == write)
+            .filter(|(k, _)| stats::WRITE_VERBS.contains(&k.0.as_str()) == write)
             .map(|(k, v)| (k, v - before.get(k).copied().unwrap_or(0.0)))
             .filter(|(_, d)| *d > 0.0)
             .collect::<Vec<_>>()

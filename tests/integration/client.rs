@@ -278,6 +278,15 @@ fn first_child(pid: u32) -> u32 {
         .unwrap()
 }
 
+/// The lock ends free, and b's CMD never logged a start (`why` if it did).
+async fn lock_freed_and_b_never_started(ns: &TestNs, dir: &Path, why: &str) {
+    ns.wait_lock("l", "the lock to be free", |l| {
+        holders(l).is_empty() && queue(l).is_empty()
+    })
+    .await;
+    assert!(!log(dir).iter().any(|l| l[0] == "start" && l[2] == "b"), "{why}");
+}
+
 /// Whether process `pid` is gone (or a zombie).
 fn dead(pid: u32) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -305,14 +314,7 @@ async fn sigkill_of_a_waiting_run_leaves_neither_supervisor_nor_cmd() {
     })
     .await;
     run_a.kill().await.unwrap();
-    ns.wait_lock("l", "the lock to be free", |l| {
-        holders(l).is_empty() && queue(l).is_empty()
-    })
-    .await;
-    assert!(
-        !log(&dir).iter().any(|l| l[0] == "start" && l[2] == "b"),
-        "b's CMD ran though b was killed while waiting"
-    );
+    lock_freed_and_b_never_started(&ns, &dir, "b's CMD ran though b was killed while waiting").await;
 }
 
 #[tokio::test]
@@ -338,14 +340,7 @@ async fn sigkill_of_a_waiting_supervisor_kills_the_pending_cmd_and_run_never_sta
     run_a.kill().await.unwrap();
     let status = tokio::time::timeout(DEADLINE, run_b.wait()).await.unwrap().unwrap();
     assert_eq!(status.code(), Some(125), "b could not start CMD: its own error");
-    ns.wait_lock("l", "the lock to be free", |l| {
-        holders(l).is_empty() && queue(l).is_empty()
-    })
-    .await;
-    assert!(
-        !log(&dir).iter().any(|l| l[0] == "start" && l[2] == "b"),
-        "b's CMD ran though its supervisor was killed while waiting"
-    );
+    lock_freed_and_b_never_started(&ns, &dir, "b's CMD ran though its supervisor was killed while waiting").await;
 }
 
 #[tokio::test]
