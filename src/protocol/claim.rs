@@ -363,7 +363,7 @@ mod tests {
         assert_eq!(claim_lock(&lease), Some("l"));
         assert!(!has_release_mark(&lease));
         assert_eq!(claim_lease_duration(&lease), Duration::from_secs(15));
-        assert_eq!(claim_wait_lease(&lease), Some(Duration::from_secs(180)));
+        assert_eq!(claim_wait_lease(&lease), Some(crate::protocol::timing::WAIT_LEASE));
     }
 
     #[test]

@@ -87,7 +87,10 @@ async fn a_lock_re_created_under_the_same_name_issues_higher_tokens() {
 async fn a_waiter_whose_watch_stalls_still_learns_of_its_grant() {
     let ns = TestNs::new("stallwait").await;
     let _c = spawn_controller(&ns, "stallwait");
-    let lease = 3;
+    // Granted while its watch stalls, b must see the grant and renew within the lease
+    // and the controller's grace (12 s) or lose it: PING_AFTER + PING_TIMEOUT (6 s) and a
+    // new watch fit in that.
+    let lease = 10;
     ns.lock("l", spec(lease)).await;
     let (proxy, watches) = proxied_client("stallwait").await;
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
@@ -98,8 +101,10 @@ async fn a_waiter_whose_watch_stalls_still_learns_of_its_grant() {
     // b's watch stalls on a connection that answers nothing; then a releases.
     proxy.freeze_open();
     guard.release().await.unwrap();
-    // Without its own reads (at the wait-lease cadence, a lease here) b would wait as
-    // long as the watch stalls: for ever, past this deadline.
+    // b reads its lock afresh only every ten minutes while it waits (WAIT_CHECK): it
+    // learns in time only because its client finds the dead connection by HTTP/2 PINGs
+    // and watches again on a new one (without them it waits past this deadline, and the
+    // controller takes the grant back unrenewed).
     let token = tokio::time::timeout(DEADLINE, waiting)
         .await
         .expect("b learns of its grant, though its watch is stalled")
@@ -380,4 +385,38 @@ async fn a_lease_re_created_under_a_claims_name_renews_nothing_for_the_claims_cl
         .await
         .expect("a renewal landing on another object under the claim's name is no renewal");
     assert_eq!(*guard.state().borrow(), State::Lost(LostReason::ClaimGone));
+}
+
+/// One client's HTTP/2 connection carries at most as many streams as the API server
+/// allows (250 here), and a watch holds one for as long as it runs: a process watching
+/// more locks than that through one client must still see every one of them.
+#[tokio::test]
+async fn one_client_carries_more_watches_than_one_connection_has_streams() {
+    use futures::StreamExt;
+    use kube::api::{Api, Patch, PatchParams, WatchEvent, WatchParams};
+
+    let ns = TestNs::new("streams").await;
+    let rv = ns.lock("l", spec(15)).await.resource_version().unwrap();
+    let locks: Api<leasehold::api::DistributedLock> = Api::namespaced(client().await, &ns.name);
+    let params = WatchParams::default().fields("metadata.name=l");
+    let mut watches = Vec::new();
+    for i in 0..300 {
+        let watch = tokio::time::timeout(DEADLINE, locks.watch(&params, &rv))
+            .await
+            .unwrap_or_else(|_| panic!("watch {i} of 300 not started within {DEADLINE:?}"))
+            .unwrap();
+        watches.push(watch.boxed());
+    }
+    let label = serde_json::json!({ "metadata": { "labels": { "seen": "yes" } } });
+    ns.locks()
+        .patch("l", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    for (i, watch) in watches.iter_mut().enumerate() {
+        let seen = tokio::time::timeout(DEADLINE, watch.next()).await;
+        assert!(
+            matches!(seen, Ok(Some(Ok(WatchEvent::Modified(_))))),
+            "watch {i} of 300 did not see the change: {seen:?}"
+        );
+    }
 }

@@ -15,7 +15,7 @@ def test_a_claim_names_its_lock_pod_lease_and_hashes():
     assert ann[p.POD_UID_ANNOTATION] == "uid-1"
     assert ann[p.RELEASE_HASH_ANNOTATION] == secret.hash()
     assert ann[p.WAIT_HASH_ANNOTATION] == secret.wait_hash()
-    assert ann[p.WAIT_LEASE_ANNOTATION] == "180"
+    assert ann[p.WAIT_LEASE_ANNOTATION] == "240"
     assert secret.reveal() not in str(lease), "only hashes of the secret are written"
     assert spec["holderIdentity"] == "web-0" and spec["leaseDurationSeconds"] == 15
     wrote = p.Written("web-0", "uid-1", secret.hash(), secret.wait_hash(), 15)

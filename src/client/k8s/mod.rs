@@ -30,7 +30,7 @@ use super::{Error, State};
 use crate::api::{DEFAULT_LEASE_DURATION_SECONDS, DistributedLock};
 use crate::protocol::record::Claimed;
 use crate::protocol::still_grants;
-use crate::protocol::timing::renew_interval;
+use crate::protocol::timing::{WAIT_CHECK, renew_interval};
 
 /// The Lease backend: reads the lock with `client`, writes claims with `writes`.
 #[derive(Clone)]
@@ -62,9 +62,11 @@ impl Kube {
         let secs = request
             .lock
             .map_or(DEFAULT_LEASE_DURATION_SECONDS, |l| l.spec.lease_duration_seconds);
-        // Watch first, so no status change between create and watch is missed.
+        // Watch first, so no status change between create and watch is missed. A
+        // waiter reads afresh only rarely (its transport finds a dead connection); a
+        // holder every renewal interval.
         let lease = Duration::from_secs(secs.max(1) as u64);
-        let mut events = LockWatch::start(locks, request.name, renew_interval(lease));
+        let mut events = LockWatch::start(locks, request.name, WAIT_CHECK);
         loop {
             let (claim, session, renewal) = lease::create(leases.clone(), request.name, request.identity, secs).await?;
             let given_up: Arc<dyn Claim> = claim.clone();
@@ -79,6 +81,7 @@ impl Kube {
             withdraw.disarm();
             match outcome {
                 Ok(Outcome::Granted(token)) => {
+                    events.check_every(renew_interval(lease));
                     watch_revocation(events, (session.clone(), claim, wrote), token);
                     let claim = given_up;
                     return Ok(Some(Granted {

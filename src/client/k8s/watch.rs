@@ -1,6 +1,7 @@
 //! What the client sees of its DistributedLock: watch events, backed by a fresh read
 //! every so often, so that a watch stalled on a dead connection delays nothing for
-//! longer than that period (kube's own idle timeout is minutes).
+//! longer than that period, whatever the transport (the client's own finds a dead
+//! connection by HTTP/2 PINGs within seconds: [`crate::kubeconfig::client_from`]).
 
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use kube::runtime::{WatchStreamExt, watcher as watch_stream};
 use tokio::time::{Interval, MissedTickBehavior};
 
 use crate::api::DistributedLock;
+use crate::protocol::timing::WATCH_TIMEOUT;
 
 /// One observation of the lock.
 #[derive(Debug)]
@@ -41,20 +43,24 @@ impl LockWatch {
     /// Watch lock `name`, reading it afresh every `check_every`.
     pub fn start(api: Api<DistributedLock>, name: &str, check_every: Duration) -> Self {
         let fields = format!("metadata.name={name}");
-        let events = watch_stream(api.clone(), watcher::Config::default().fields(&fields))
-            .default_backoff()
-            .boxed();
-        let mut check = tokio::time::interval_at(tokio::time::Instant::now() + check_every, check_every);
-        check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let timeout = u32::try_from(WATCH_TIMEOUT.as_secs()).unwrap_or(u32::MAX);
+        let config = watcher::Config::default().fields(&fields).timeout(timeout);
+        let events = watch_stream(api.clone(), config).default_backoff().boxed();
         LockWatch {
             api,
             name: name.into(),
             events,
-            check,
+            check: every(check_every),
             check_every,
             listed: false,
             newest: 0,
         }
+    }
+
+    /// Read the lock afresh every `check_every` from now on.
+    pub fn check_every(&mut self, check_every: Duration) {
+        self.check = every(check_every);
+        self.check_every = check_every;
     }
 
     /// The next observation; `None` once the watch has ended for good.
@@ -101,4 +107,11 @@ impl LockWatch {
             return Some(seen);
         }
     }
+}
+
+/// Ticks every `period`, the first a period from now.
+fn every(period: Duration) -> Interval {
+    let mut check = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    check
 }

@@ -46,7 +46,7 @@ EXPIRY_GRACE = 2.0
 #: The shortest time a renewal request may take before it counts as failed.
 MIN_RENEW_TIMEOUT = 0.2
 #: The least lease a waiting claim lives by.
-WAIT_LEASE = 180.0
+WAIT_LEASE = 240.0
 #: How long a claim may stay unplaced before the client reads it back.
 UNQUEUED_NOTICE = 5.0
 #: How long ``try_acquire`` waits for the controller to place its claim.
@@ -64,7 +64,7 @@ def renew_interval(lease: float) -> float:
 
 
 def wait_lease(lease: float) -> float:
-    """The lease a waiting claim lives by: the longer of its lease and 180 s."""
+    """The lease a waiting claim lives by: the longer of its lease and 240 s."""
     return max(lease, WAIT_LEASE)
 
 
