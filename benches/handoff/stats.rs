@@ -114,16 +114,23 @@ pub async fn api_requests(client: &kube::Client) -> anyhow::Result<Counters> {
     Ok(out)
 }
 
-/// Every request between two readings per grant, by verb, on the resources a lock's
-/// work touches (claims, locks, events, pods), leaving out the claims' creation.
+/// Every request between two readings per grant, by verb (reads by verb and resource),
+/// on the resources a lock's work touches (claims, locks, events, pods), leaving out the
+/// claims' creation.
 pub fn requests_per_grant(before: &Counters, after: &Counters, grants: usize) -> (f64, String) {
-    let mut by_verb = std::collections::BTreeMap::<&str, f64>::new();
+    let mut by_verb = std::collections::BTreeMap::<String, f64>::new();
     for ((verb, resource), n) in after {
         let d = n - before.get(&(verb.clone(), resource.clone())).copied().unwrap_or(0.0);
         let counted = ["leases", "distributedlocks", "events", "pods"].contains(&resource.as_str());
         let created = verb == "POST" && (resource == "leases" || resource == "distributedlocks" || resource == "pods");
         if d > 0.0 && counted && !created {
-            *by_verb.entry(verb.as_str()).or_insert(0.0) += d;
+            let read = ["GET", "LIST", "WATCH"].contains(&verb.as_str());
+            let key = if read {
+                format!("{verb} {resource}")
+            } else {
+                verb.clone()
+            };
+            *by_verb.entry(key).or_insert(0.0) += d;
         }
     }
     let per = |d: f64| d / grants.max(1) as f64;

@@ -31,6 +31,7 @@
 mod stats;
 
 mod ceiling;
+mod cpu;
 
 use std::path::Path;
 use std::process::Stdio;
@@ -135,16 +136,13 @@ impl Controller {
 
     /// CPU seconds used (user + system).
     fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
-        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-        let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        // After the command name: state is field 0, utime 11, stime 12 (clock ticks of 1/100 s).
-        (ticks(11) + ticks(12)) / 100.0
+        cpu::seconds(self.pid())
     }
 }
 
 async fn measure(args: &Args, kubeconfig: &Path) -> anyhow::Result<()> {
     let client = leasehold::kubeconfig::client_for(kubeconfig).await?;
+    cpu::init(kubeconfig);
     // What unrelated pods cost: the controller's RSS before and after they appear.
     let bystanders = Controller::start(kubeconfig)?;
     tokio::time::sleep(Duration::from_secs(3)).await; // settle: caches synced, allocator warm
@@ -220,8 +218,11 @@ async fn idle_waiters(client: &Client, kubeconfig: &Path, n: usize, window: Dura
     locks
         .create(&PostParams::default(), &DistributedLock::new("idle", spec))
         .await?;
+    // As `leasehold run` builds them: reads and watches over HTTP/2 with PINGs.
+    let reads = leasehold::kubeconfig::watch_client_for(kubeconfig).await?;
     let handle = |pod: &leasehold::protocol::PodIdentity| {
-        leasehold::client::Lock::builder(client.clone(), &ns, "idle")
+        leasehold::client::Lock::builder(reads.clone(), &ns, "idle")
+            .write_client(client.clone())
             .identity(pod.clone())
             .build()
     };
@@ -306,7 +307,7 @@ async fn run_etcd(
     claimants: usize,
 ) -> anyhow::Result<()> {
     let ns = format!("scale-etcd-{locks}x{claimants}");
-    let before = stats::api_requests(client).await?;
+    let before = (stats::api_requests(client).await?, cpu::now());
     let controller = Controller::start(kubeconfig)?;
     let out = scale::drive_etcd(client, &ns, etcd, locks, claimants, RUN_DEADLINE).await?;
     tokio::time::sleep(Duration::from_secs(2)).await; // the mirror's last status writes
@@ -320,17 +321,18 @@ async fn run_etcd(
 }
 
 /// Stop the run's controller and print its row: `before` is the API server's request
-/// counters from before the run; with the API server's Lease write `ceiling`, the share
+/// counters and the control plane's CPU from before the run; with the API server's Lease write `ceiling`, the share
 /// of it the run's writes took.
 async fn report(
     client: &Client,
     controller: &Controller,
-    before: &stats::Counters,
+    (before, cpu_before): &(stats::Counters, cpu::Sample),
     out: &Outcome,
     (what, ceiling): (&str, Option<f64>),
 ) -> anyhow::Result<()> {
     let (peak_kib, _) = controller.rss_kib();
     let cpu = controller.cpu_seconds();
+    let cpu_after = cpu::now();
     let after = stats::api_requests(client).await?;
     let (writes, parts) = stats::writes_per_grant(before, &after, out.grants);
     let (requests, by_verb) = stats::requests_per_grant(before, &after, out.grants);
@@ -361,6 +363,8 @@ async fn report(
             format!(": {:?}", &out.violations[..out.violations.len().min(3)])
         },
     );
+    let shares = cpu::per_grant(*cpu_before, cpu_after, cpu, out.grants);
+    println!("{what}: {shares}");
     if let Some(c) = ceiling {
         let rate = grants_per_sec * writes;
         println!(
@@ -380,7 +384,7 @@ async fn run(
     ceiling: Option<f64>,
 ) -> anyhow::Result<()> {
     let workload = scale::prepare(client, ns, locks, claimants).await?;
-    let before = stats::api_requests(client).await?;
+    let before = (stats::api_requests(client).await?, cpu::now());
     let controller = Controller::start(kubeconfig)?;
     let out: Outcome = scale::drive(client, &workload, rate, RUN_DEADLINE).await?;
     let offered = rate.map_or("flat out".to_string(), |r| format!("{r:.0}/s offered"));

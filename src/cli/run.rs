@@ -162,7 +162,8 @@ async fn serve_ready(port: u16) -> anyhow::Result<Ready> {
 /// The lock handle `args` name, and its namespace.
 async fn handle(args: &RunArgs) -> anyhow::Result<(Lock, String)> {
     let config = args.cluster.config().await?;
-    let client = crate::kubeconfig::client_from(config.clone())?;
+    // Reads and watches over HTTP/2 with PINGs: a stalled watch is found at no request.
+    let client = crate::kubeconfig::watch_client_from(config.clone())?;
     let namespace = args
         .namespace
         .clone()

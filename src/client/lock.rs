@@ -117,6 +117,11 @@ impl LockBuilder {
 
 impl Lock {
     /// A handle on lock `name` in `namespace`, identity from the pod ([`identity::from_pod`]).
+    ///
+    /// `client` reads and watches the lock. Built with
+    /// [`crate::kubeconfig::watch_client_from`] (HTTP/2 with PINGs), a watch stalled on a
+    /// dead connection is found within seconds at no request; on another client, by the
+    /// waiter's fresh read every [`crate::protocol::timing::WAIT_CHECK`].
     pub fn new(client: Client, namespace: &str, name: &str) -> Result<Self, Error> {
         Self::builder(client, namespace, name).build()
     }

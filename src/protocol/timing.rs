@@ -51,9 +51,9 @@ pub const WAIT_LEASE: Duration = Duration::from_secs(240);
 
 /// How often a waiting claimant reads its lock afresh beside its watch: the bound on
 /// how long a watch stalled on a connection that died without a reset can hide a grant
-/// from a client whose transport does not find dead connections itself. The client's
-/// own ([`crate::kubeconfig::client_from`]) finds one by HTTP/2 PINGs within seconds,
-/// at no request. A holder reads every [`renew_interval`].
+/// from a client whose transport does not find dead connections itself. A lock client
+/// built by [`crate::kubeconfig::watch_client_from`] (`leasehold run`'s) finds one by
+/// HTTP/2 PINGs within seconds, at no request. A holder reads every [`renew_interval`].
 pub const WAIT_CHECK: Duration = Duration::from_secs(600);
 
 /// How long the API server keeps a client's watch of its lock open before ending it

@@ -92,7 +92,7 @@ async fn a_waiter_whose_watch_stalls_still_learns_of_its_grant() {
     // new watch fit in that.
     let lease = 10;
     ns.lock("l", spec(lease)).await;
-    let (proxy, watches) = proxied_client("stallwait").await;
+    let (proxy, watches) = proxied_watch_client("stallwait").await;
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
     let guard = lock_for(ns.client.clone(), &ns, a).acquire().await.unwrap();
     let lock_b = lock_for(split_client(ns.client.clone(), watches), &ns, b);
@@ -387,9 +387,10 @@ async fn a_lease_re_created_under_a_claims_name_renews_nothing_for_the_claims_cl
     assert_eq!(*guard.state().borrow(), State::Lost(LostReason::ClaimGone));
 }
 
-/// One client's HTTP/2 connection carries at most as many streams as the API server
-/// allows (250 here), and a watch holds one for as long as it runs: a process watching
-/// more locks than that through one client must still see every one of them.
+/// One HTTP/2 connection carries at most as many streams as the API server allows (250
+/// here), and a watch holds one for as long as it runs: a process watching more locks
+/// than that through one lock client (`kubeconfig::watch_client_from`) must still see
+/// every one of them.
 #[tokio::test]
 async fn one_client_carries_more_watches_than_one_connection_has_streams() {
     use futures::StreamExt;
@@ -397,7 +398,8 @@ async fn one_client_carries_more_watches_than_one_connection_has_streams() {
 
     let ns = TestNs::new("streams").await;
     let rv = ns.lock("l", spec(15)).await.resource_version().unwrap();
-    let locks: Api<leasehold::api::DistributedLock> = Api::namespaced(client().await, &ns.name);
+    let client = leasehold::kubeconfig::watch_client_for(kubeconfig()).await.unwrap();
+    let locks: Api<leasehold::api::DistributedLock> = Api::namespaced(client, &ns.name);
     let params = WatchParams::default().fields("metadata.name=l");
     let mut watches = Vec::new();
     for i in 0..300 {

@@ -466,6 +466,16 @@ pub async fn proxied_client(name: &str) -> (Proxy, Client) {
     (proxy, client)
 }
 
+/// [`proxied_client`], built as a lock client's reads and watches are
+/// (`kubeconfig::watch_client_from`: HTTP/2 with PINGs).
+pub async fn proxied_watch_client(name: &str) -> (Proxy, Client) {
+    let dir = std::env::temp_dir().join(format!("leasehold-test-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
+    let client = leasehold::kubeconfig::watch_client_for(&proxied).await.unwrap();
+    (proxy, client)
+}
+
 /// A controller for `ns` (identity `name`) whose watches go through a proxy the test
 /// can stall, while its reads and writes go direct.
 pub async fn controller_with_proxied_watches(ns: &TestNs, name: &str) -> (Proxy, Running) {

@@ -1,7 +1,8 @@
 //! What the client sees of its DistributedLock: watch events, backed by a fresh read
 //! every so often, so that a watch stalled on a dead connection delays nothing for
-//! longer than that period, whatever the transport (the client's own finds a dead
-//! connection by HTTP/2 PINGs within seconds: [`crate::kubeconfig::client_from`]).
+//! longer than that period, whatever the transport (a lock client built by
+//! [`crate::kubeconfig::watch_client_from`] finds a dead connection by HTTP/2 PINGs
+//! within seconds).
 
 use std::time::Duration;
 
