@@ -56,7 +56,7 @@ pub fn client_from(config: kube::Config) -> Result<Client, kube::Error> {
 /// A client for `config` for a lock client's reads and watches: [`client_from`]'s, but
 /// speaking HTTP/2 where the API server offers it (ALPN, as client-go does), with PINGs
 /// that find a dead connection ([`PING_AFTER`]), on as many connections as the streams
-/// in use need ([`spread`]: a watch holds a stream for as long as it runs, and one
+/// in use need (`kubeconfig/spread.rs`: a watch holds a stream for as long as it runs, and one
 /// connection carries a limited number at once).
 ///
 /// Over HTTP/1.1 nothing tells a watch stalled on a dead connection from a quiet one but
