@@ -459,21 +459,22 @@ pub async fn proxied_kubeconfig(dir: &Path) -> (Proxy, PathBuf) {
 /// A client for the shared API server whose every request goes through a new proxy the
 /// test controls (its kubeconfig in a scratch directory named after `name`).
 pub async fn proxied_client(name: &str) -> (Proxy, Client) {
-    let dir = std::env::temp_dir().join(format!("leasehold-test-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
-    let client = leasehold::kubeconfig::client_for(&proxied).await.unwrap();
-    (proxy, client)
+    let (proxy, proxied) = proxied_kubeconfig_named(name).await;
+    (proxy, leasehold::kubeconfig::client_for(&proxied).await.unwrap())
 }
 
 /// [`proxied_client`], built as a lock client's reads and watches are
 /// (`kubeconfig::watch_client_from`: HTTP/2 with PINGs).
 pub async fn proxied_watch_client(name: &str) -> (Proxy, Client) {
+    let (proxy, proxied) = proxied_kubeconfig_named(name).await;
+    (proxy, leasehold::kubeconfig::watch_client_for(&proxied).await.unwrap())
+}
+
+/// [`proxied_kubeconfig`] in a scratch directory named after `name`.
+async fn proxied_kubeconfig_named(name: &str) -> (Proxy, PathBuf) {
     let dir = std::env::temp_dir().join(format!("leasehold-test-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (proxy, proxied) = proxied_kubeconfig(&dir).await;
-    let client = leasehold::kubeconfig::watch_client_for(&proxied).await.unwrap();
-    (proxy, client)
+    proxied_kubeconfig(&dir).await
 }
 
 /// A controller for `ns` (identity `name`) whose watches go through a proxy the test
