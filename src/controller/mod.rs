@@ -22,6 +22,7 @@ mod http;
 pub(crate) mod k8s;
 mod leader;
 mod listener;
+pub use etcd::mirror::SETTLE as ETCD_MIRROR_SETTLE;
 pub use listener::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_PER_SOURCE};
 pub mod metrics;
 pub(crate) mod prompt;
@@ -75,6 +76,10 @@ pub struct Options {
     /// clients' [`crate::protocol::timing::notice_timeout`] (at least 125 ms), or they
     /// stop waiting first.
     pub notice_wait: Duration,
+    /// How long after a change of an etcd-backed lock's keys its status mirror waits
+    /// before it reconciles, gathering the changes that follow. Default
+    /// [`ETCD_MIRROR_SETTLE`].
+    pub etcd_mirror_settle: Duration,
     /// Serve the validating admission webhook for Leases ([`admission`]); `None`
     /// serves none.
     pub admission: Option<admission::Admission>,
@@ -92,6 +97,7 @@ impl Options {
             namespace: namespace.map(String::from),
             release_url: None,
             notice_wait: crate::protocol::timing::NOTICE_WAIT,
+            etcd_mirror_settle: ETCD_MIRROR_SETTLE,
             admission: None,
         }
     }

@@ -8,8 +8,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use etcd_client::GetOptions;
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
 use leasehold::api::{Backend, DistributedLock, DistributedLockSpec, EtcdBackend, RevokeReason};
 use leasehold::client::Lock;
+use leasehold::controller::ETCD_MIRROR_SETTLE;
 use leasehold::etcd::connect::TlsFiles;
 use leasehold::testing::proxy::Proxy;
 
@@ -641,4 +644,80 @@ async fn a_queue_is_granted_in_order_one_at_a_time_as_waiters_move_up_and_one_wi
         assert_eq!(others, 0, "claim {i} held beside another");
         last = token;
     }
+}
+
+/// The status mirror of an etcd-backed lock reconciles a change of its keys only once
+/// it has settled (`Options::etcd_mirror_settle`, [`ETCD_MIRROR_SETTLE`] by default),
+/// so that its status write through the API server (into the API server's etcd) does
+/// not compete for the CPU with the handoff it reports; it writes the changes of that
+/// while at once. Here, with a settle of 2 s: a grant and the next claim queued behind
+/// it in one status write, made no sooner than 2 s after the grant. (Measured:
+/// docs/measurements.md.)
+#[tokio::test]
+async fn the_status_mirror_writes_the_changes_of_its_keys_together_once_they_settled() {
+    const SETTLE: Duration = Duration::from_secs(2);
+    let etcd = shared();
+    etcd.ready().await;
+    let ns = TestNs::new("etcdsettle").await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let opts = leasehold::controller::Options {
+        etcd_mirror_settle: SETTLE,
+        ..leasehold::controller::Options::single("etcdsettle", Some(&ns.name))
+    };
+    assert!(SETTLE > ETCD_MIRROR_SETTLE, "the default settles sooner");
+    let _c = spawn_controller_with(ns.client.clone(), opts);
+    ns.lock("l", etcd_spec(&ns, &etcd.url(), 10, 1)).await;
+    let first = ns
+        .wait_lock("l", "the mirror's first status", |l| {
+            ready_reason(l).as_deref() == Some("Reconciled")
+        })
+        .await;
+    // Every version the API server stores from now on, from a watch already open.
+    let mut versions = watcher(ns.locks(), watcher::Config::default())
+        .applied_objects()
+        .boxed();
+    let seen = next_version(&mut versions).await;
+    assert_eq!(seen.metadata.resource_version, first.metadata.resource_version);
+    let lock = |pod| {
+        Lock::builder(ns.client.clone(), &ns.name, "l")
+            .identity(pod)
+            .build()
+            .unwrap()
+    };
+    let claimed = Instant::now();
+    let guard = lock(a).acquire().await.expect("a holds");
+    let lock_b = lock(b);
+    let waiting = tokio::spawn(async move { lock_b.acquire().await.map(|g| (g, lock_b)) });
+    wait_for("b's claim key", DEADLINE, || async {
+        (keys_left(&ns, etcd).await == 2).then_some(())
+    })
+    .await;
+    let changed = claimed.elapsed();
+    assert!(changed < SETTLE, "the grant and the next claim took {changed:?}");
+    let written = next_version(&mut versions).await;
+    let after = claimed.elapsed();
+    assert!(after >= SETTLE, "the status was written {after:?} after the grant");
+    assert_eq!(
+        (holders(&written), queue(&written)),
+        (vec!["a".to_string()], vec!["b".to_string()]),
+        "one write for the grant and the claim queued behind it"
+    );
+    guard.release().await.unwrap();
+    let (b_guard, _lock_b) = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("b granted in time")
+        .unwrap()
+        .expect("b holds");
+    b_guard.release().await.unwrap();
+}
+
+/// The next lock version `versions` shows.
+async fn next_version(
+    versions: &mut (impl futures::Stream<Item = Result<DistributedLock, watcher::Error>> + Unpin),
+) -> DistributedLock {
+    tokio::time::timeout(DEADLINE, versions.next())
+        .await
+        .expect("a version of the lock in time")
+        .expect("the watch goes on")
+        .expect("the watch reads")
 }

@@ -1,6 +1,7 @@
-//! The mirrors of etcd-backed locks: one task per lock watches its keys in etcd and
-//! triggers the lock's reconcile on every change it sees; the reconcile reads the
-//! latest [`View`].
+//! The mirrors of etcd-backed locks: one task per lock watches its keys in etcd,
+//! publishes every change it sees at once as the latest [`View`], and triggers the
+//! lock's reconcile a while after a change ([`SETTLE`] by default), once for all the
+//! changes seen by then; the reconcile reads the latest view.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,15 @@ use crate::etcd::{Error as EtcdError, connect::TlsFiles};
 pub const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest pause between attempts to reach a lock's etcd.
 pub const MAX_RETRY: Duration = Duration::from_secs(10);
+/// How long after a change of a lock's keys its reconcile waits by default, gathering
+/// the changes that follow. The reconcile writes the lock's status through the API server (and so
+/// into the API server's etcd); done at once, that write competes for the CPU with the
+/// very handoff it reports, as the next holder's process starts (measured: see
+/// docs/measurements.md). Nothing waits on it: etcd-backed holders learn of their grants
+/// from etcd, and a pod's deletion prompts its lock's reconcile at once. The status
+/// shows the keys as they are when it is written: a grant given and released within
+/// the settle shows in none (as before, one shorter than a status write).
+pub const SETTLE: Duration = Duration::from_millis(25);
 /// How soon a lock whose etcd is unreachable is looked at again.
 pub const UNAVAILABLE_REQUEUE: Duration = Duration::from_secs(5);
 
@@ -53,15 +63,23 @@ impl Drop for Entry {
 pub struct Mirrors {
     client: kube::Client,
     trigger: mpsc::UnboundedSender<ObjectRef<DistributedLock>>,
+    /// How long after a change the lock's reconcile is triggered ([`SETTLE`]).
+    settle: Duration,
     entries: Mutex<HashMap<ObjectRef<DistributedLock>, Entry>>,
 }
 
 impl Mirrors {
-    /// Mirrors that read TLS Secrets with `client` and send reconcile triggers to `trigger`.
-    pub fn new(client: kube::Client, trigger: mpsc::UnboundedSender<ObjectRef<DistributedLock>>) -> Self {
+    /// Mirrors that read TLS Secrets with `client` and send reconcile triggers to
+    /// `trigger`, `settle` after a change.
+    pub fn new(
+        client: kube::Client,
+        trigger: mpsc::UnboundedSender<ObjectRef<DistributedLock>>,
+        settle: Duration,
+    ) -> Self {
         Mirrors {
             client,
             trigger,
+            settle,
             entries: Mutex::default(),
         }
     }
@@ -82,7 +100,7 @@ impl Mirrors {
             ns,
             backend.clone(),
             tx,
-            self.trigger.clone(),
+            (self.trigger.clone(), self.settle),
         ));
         let entry = Entry {
             backend: backend.clone(),
@@ -137,12 +155,22 @@ async fn run_mirror(
     ns: String,
     backend: EtcdBackend,
     view: watch::Sender<View>,
-    trigger: mpsc::UnboundedSender<ObjectRef<DistributedLock>>,
+    (trigger, settle): (mpsc::UnboundedSender<ObjectRef<DistributedLock>>, Duration),
 ) {
     let prefix = lock_prefix(&backend, &ns, &lock.name);
     let mut backoff = Duration::from_millis(250);
     loop {
-        let failure = match mirror_once(&kube, &ns, &backend, &prefix, &view, &lock, &trigger, &mut backoff).await {
+        let failure = match mirror_once(
+            &kube,
+            &ns,
+            &backend,
+            &prefix,
+            &view,
+            (&lock, &trigger, settle),
+            &mut backoff,
+        )
+        .await
+        {
             Ok(()) => "the watch ended".to_string(),
             Err(e) => e,
         };
@@ -161,8 +189,11 @@ async fn mirror_once(
     backend: &EtcdBackend,
     prefix: &str,
     view: &watch::Sender<View>,
-    lock: &ObjectRef<DistributedLock>,
-    trigger: &mpsc::UnboundedSender<ObjectRef<DistributedLock>>,
+    (lock, trigger, settle): (
+        &ObjectRef<DistributedLock>,
+        &mpsc::UnboundedSender<ObjectRef<DistributedLock>>,
+        Duration,
+    ),
     backoff: &mut Duration,
 ) -> Result<(), String> {
     let tls = tls_of(kube, ns, backend).await?;
@@ -185,9 +216,9 @@ async fn mirror_once(
             Arc::new(keys.values().cloned().collect()),
             Box::new(client.clone()),
         ));
-        let _ = trigger.send(lock.clone());
     };
     publish(&keys);
+    let _ = trigger.send(lock.clone());
     let options = WatchOptions::new().with_prefix().with_start_revision(from);
     let mut stream = client
         .clone()
@@ -195,12 +226,19 @@ async fn mirror_once(
         .await
         .map_err(|e| EtcdError::Watch(prefix.into(), e).to_string())?;
     *backoff = Duration::from_millis(250);
+    // A change is published at once (a reconcile for any reason sees it) and
+    // reconciled `settle` after it, together with whatever else changed meanwhile.
+    let mut due: Option<tokio::time::Instant> = None;
     loop {
-        let Some(r) = stream
-            .message()
-            .await
-            .map_err(|e| EtcdError::Watch(prefix.into(), e).to_string())?
-        else {
+        let message = tokio::select! {
+            m = stream.message() => m,
+            () = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
+                due = None;
+                let _ = trigger.send(lock.clone());
+                continue;
+            }
+        };
+        let Some(r) = message.map_err(|e| EtcdError::Watch(prefix.into(), e).to_string())? else {
             return Ok(());
         };
         if r.canceled() {
@@ -224,6 +262,7 @@ async fn mirror_once(
             }
         }
         publish(&keys);
+        due.get_or_insert_with(|| tokio::time::Instant::now() + settle);
     }
 }
 
