@@ -110,6 +110,8 @@ fn timing_rules_give_the_vectors_durations() {
     assert_eq!(constants["NOTICE_WAIT"], ms(timing::NOTICE_WAIT));
     assert_eq!(constants["MIN_RENEW_TIMEOUT"], ms(timing::MIN_RENEW_TIMEOUT));
     assert_eq!(constants["POD_CACHE_GRACE"], ms(timing::POD_CACHE_GRACE));
+    assert_eq!(constants["WAIT_CHECK"], ms(timing::WAIT_CHECK));
+    assert_eq!(constants["WATCH_TIMEOUT"], ms(timing::WATCH_TIMEOUT));
     assert_eq!(v["timing"]["MAX_LEASE_SECONDS"], timing::MAX_LEASE_SECONDS);
     for case in v["timing"]["cases"].as_array().unwrap() {
         let secs = case["lease_seconds"].as_u64().unwrap();

@@ -88,6 +88,8 @@ def test_timing_constants():
     assert p.MIN_RENEW_TIMEOUT * 1000 == c["MIN_RENEW_TIMEOUT"]
     assert p.UNQUEUED_NOTICE * 1000 == c["UNQUEUED_NOTICE"]
     assert p.TRY_ACQUIRE_TIMEOUT * 1000 == c["TRY_ACQUIRE_TIMEOUT"]
+    assert p.WAIT_CHECK * 1000 == c["WAIT_CHECK"]
+    assert p.WATCH_TIMEOUT * 1000 == c["WATCH_TIMEOUT"]
     assert VECTORS["timing"]["MAX_LEASE_SECONDS"] == p.MAX_LEASE_SECONDS
 
 

@@ -72,7 +72,8 @@ def _rv(obj: dict) -> Optional[int]:
 
 class LockWatch:
     """A watch on one DistributedLock, with a fresh read every ``check_every`` seconds
-    behind it (a watch stalled on a dead connection delays nothing longer than that).
+    behind it (a watch stalled on a dead connection delays nothing longer than that;
+    ``set_check_every`` changes it, as at a grant). Each watch lasts ``WATCH_TIMEOUT``.
     Each observation goes to ``sink``: ``("lock", obj)`` or ``("gone", None)``; an older
     resourceVersion is never passed on after a newer one."""
 
@@ -83,6 +84,7 @@ class LockWatch:
         self._lock = threading.Lock()
         self._newest = 0
         self._stopped = threading.Event()
+        self._check_changed = threading.Condition()
         self._response: Any = None
         for target, what in ((self._watch, "watch"), (self._check, "check")):
             threading.Thread(target=target, name=f"leasehold-{what}-{name}", daemon=True).start()
@@ -90,6 +92,8 @@ class LockWatch:
     def stop(self) -> None:
         """Stop watching (the threads end at their next step)."""
         self._stopped.set()
+        with self._check_changed:
+            self._check_changed.notify_all()
         with self._lock:
             response, self._response = self._response, None
         if response is not None:
@@ -125,7 +129,8 @@ class LockWatch:
                 rv = (listed.get("metadata") or {}).get("resourceVersion")
                 response: Any = self._api.list_namespaced_custom_object(
                     p.GROUP, p.VERSION, self._ns, p.PLURAL, field_selector=selector, watch=True,
-                    resource_version=rv, timeout_seconds=290, _preload_content=False, _request_timeout=(10, 330),
+                    resource_version=rv, timeout_seconds=int(p.WATCH_TIMEOUT), _preload_content=False,
+                    _request_timeout=(10, p.WATCH_TIMEOUT + 40),
                 )
                 with self._lock:
                     if self._stopped.is_set():
@@ -158,10 +163,27 @@ class LockWatch:
                 elif kind == "ERROR":
                     return  # e.g. 410 Gone: list afresh
 
+    def set_check_every(self, seconds: float) -> None:
+        """Read afresh every ``seconds`` from now on (counted from the last read)."""
+        with self._check_changed:
+            self._check_every = max(seconds, 0.1)
+            self._check_changed.notify_all()
+
+    def _check_due(self) -> bool:
+        """Wait until the next fresh read is due: False once stopped."""
+        since = time.monotonic()
+        with self._check_changed:
+            while not self._stopped.is_set():
+                left = since + self._check_every - time.monotonic()
+                if left <= 0:
+                    return True
+                self._check_changed.wait(left)
+        return False
+
     def _check(self) -> None:
-        while not self._stopped.wait(self._check_every):
+        while self._check_due():
             try:
-                lock = get_lock(self._api, self._ns, self._name, timeout=self._check_every)
+                lock = get_lock(self._api, self._ns, self._name, timeout=min(self._check_every, 30.0))
             except ApiError as e:
                 log.debug("reading the lock failed (%s); retrying", e)
                 continue

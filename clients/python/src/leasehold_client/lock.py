@@ -285,8 +285,10 @@ class Lock:
         events: "queue.Queue[Tuple[str, Any]]" = queue.Queue()
         if cancel is not None:
             cancel.on_cancel(lambda: events.put(("cancel", None)))
-        # Watch first, so no status change between create and watch is missed.
-        watch: Optional[_kube.LockWatch] = _kube.LockWatch(self._locks, self.namespace, self.name, p.renew_interval(lease), events.put)
+        # Watch first, so no status change between create and watch is missed. A waiter
+        # reads afresh only rarely (a request a minute in all, see WAIT_CHECK); a holder
+        # every renewal interval.
+        watch: Optional[_kube.LockWatch] = _kube.LockWatch(self._locks, self.namespace, self.name, p.WAIT_CHECK, events.put)
         try:
             while True:
                 claim, sent = _kube.KubeClaim.create(self._leases, self.name, self.identity, secs)
@@ -302,6 +304,7 @@ class Lock:
                     if outcome == "granted":
                         self._hold(session, mode)
                         assert watch is not None
+                        watch.set_check_every(p.renew_interval(lease))
                         held = _Held(session, claim, token, watch, events)
                         threading.Thread(
                             target=_watch_revocation, args=(held, wait.wrote), name="leasehold-revocation", daemon=True

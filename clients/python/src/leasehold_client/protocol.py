@@ -47,6 +47,12 @@ EXPIRY_GRACE = 2.0
 MIN_RENEW_TIMEOUT = 0.2
 #: The least lease a waiting claim lives by.
 WAIT_LEASE = 240.0
+#: How often a waiting claimant reads its lock afresh beside its watch (a holder: every
+#: ``renew_interval``): the bound on how long a watch stalled on a dead connection can
+#: hide a grant.
+WAIT_CHECK = 600.0
+#: How long the API server keeps a client's watch of its lock open before ending it.
+WATCH_TIMEOUT = 1800.0
 #: How long a claim may stay unplaced before the client reads it back.
 UNQUEUED_NOTICE = 5.0
 #: How long ``try_acquire`` waits for the controller to place its claim.

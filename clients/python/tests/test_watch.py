@@ -1,0 +1,73 @@
+"""The lock watch's requests, on a request-shape stand-in for the API (no server):
+what a waiting claimant costs, and the switch to a holder's fresh reads at a grant."""
+
+import json
+import threading
+
+from leasehold_client import _kube
+from leasehold_client import protocol as p
+
+
+class _Response:
+    """A response as the generated client returns it with ``_preload_content=False``."""
+
+    def __init__(self, obj):
+        self.data = json.dumps(obj).encode()
+
+
+class _Watching:
+    """A watch response that yields nothing until closed."""
+
+    def __init__(self):
+        self._closed = threading.Event()
+
+    def stream(self, *_args, **_kwargs):
+        self._closed.wait()
+        return iter(())
+
+    def close(self):
+        self._closed.set()
+
+
+class _Api:
+    """Counts the requests a LockWatch makes and records the watch's parameters."""
+
+    def __init__(self):
+        self.gets = 0
+        self.got = threading.Event()
+        self.watch_params = []
+        self._lock = {"metadata": {"name": "l", "resourceVersion": "7"}}
+
+    def list_namespaced_custom_object(self, *_args, watch=False, **kwargs):
+        if watch:
+            self.watch_params.append(kwargs)
+            return _Watching()
+        return _Response({"metadata": {"resourceVersion": "7"}, "items": [self._lock]})
+
+    def get_namespaced_custom_object(self, *_args, **_kwargs):
+        self.gets += 1
+        self.got.set()
+        return _Response(self._lock)
+
+
+def test_a_waiter_costs_at_most_one_request_a_minute_at_any_lease():
+    """Renewals every third of the wait lease, a fresh read every WAIT_CHECK, and a new
+    list and watch every WATCH_TIMEOUT: under one request a minute, whatever the lease."""
+    for lease in range(1, p.MAX_LEASE_SECONDS + 1):
+        per_minute = 60 / p.wait_renew_interval(lease) + 60 / p.WAIT_CHECK + 2 * 60 / p.WATCH_TIMEOUT
+        assert per_minute <= 1.0, (lease, per_minute)
+
+
+def test_a_waiting_watch_lasts_watch_timeout_and_reads_afresh_only_when_told_to():
+    """The watch asks for WATCH_TIMEOUT; at WAIT_CHECK nothing is read at once, and a
+    shorter interval set later (a grant) takes effect without waiting out the first."""
+    api = _Api()
+    seen = []
+    watch = _kube.LockWatch(api, "ns", "l", p.WAIT_CHECK, seen.append)
+    try:
+        watch.set_check_every(0.05)
+        assert api.got.wait(10), "no fresh read after the interval was shortened"
+        assert api.watch_params and api.watch_params[0]["timeout_seconds"] == int(p.WATCH_TIMEOUT)
+    finally:
+        watch.stop()
+    assert ("lock", api._lock) in seen
