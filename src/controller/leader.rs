@@ -13,6 +13,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
+use super::etcd::mirror::Mirrors;
 use super::{Metrics, Options, reconcile};
 use crate::api::DistributedLock;
 use crate::controller::cache::tracker::Tracker;
@@ -39,11 +40,7 @@ pub(super) async fn run_leader(
     let (etcd_trigger, etcd_triggers) = tokio::sync::mpsc::unbounded_channel();
     // The scheduler's own triggers: etcd mirrors' changes, and prompts beyond the limit.
     let scheduled = etcd_trigger.clone();
-    let mirrors = Arc::new(super::etcd::mirror::Mirrors::new(
-        client.clone(),
-        etcd_trigger,
-        opts.etcd_mirror_settle,
-    ));
+    let mirrors = Arc::new(Mirrors::new(client.clone(), etcd_trigger, opts.etcd_mirror_settle));
     let written = Arc::new(crate::controller::cache::written::Written::default());
     let api = opts.api::<DistributedLock>(&client);
     let locks = lock_watch(api, lock_writer, metrics.clone(), mirrors.clone(), written.clone());
@@ -128,7 +125,7 @@ fn lock_watch(
     api: kube::Api<DistributedLock>,
     writer: reflector::store::Writer<DistributedLock>,
     metrics: Arc<Metrics>,
-    mirrors: Arc<super::etcd::mirror::Mirrors>,
+    mirrors: Arc<Mirrors>,
     own: Arc<crate::controller::cache::written::Written>,
 ) -> impl futures::Stream<Item = Result<DistributedLock, watcher::Error>> + Send + 'static {
     watcher(api, watcher::Config::default())

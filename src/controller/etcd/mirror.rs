@@ -247,22 +247,27 @@ async fn mirror_once(
         if r.events().is_empty() {
             continue;
         }
-        for e in r.events() {
-            let Some(kv) = e.kv() else { continue };
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            match e.event_type() {
-                EventType::Delete => {
-                    keys.remove(&key);
-                }
-                EventType::Put => {
-                    if let Some(k) = key_view(prefix, kv) {
-                        keys.insert(key, k);
-                    }
+        apply(&mut keys, prefix, r.events());
+        publish(&keys);
+        due.get_or_insert_with(|| tokio::time::Instant::now() + settle);
+    }
+}
+
+/// Apply a watch response's `events` to the lock's `keys`.
+fn apply(keys: &mut BTreeMap<String, KeyView>, prefix: &str, events: &[etcd_client::Event]) {
+    for e in events {
+        let Some(kv) = e.kv() else { continue };
+        let key = String::from_utf8_lossy(kv.key()).into_owned();
+        match e.event_type() {
+            EventType::Delete => {
+                keys.remove(&key);
+            }
+            EventType::Put => {
+                if let Some(k) = key_view(prefix, kv) {
+                    keys.insert(key, k);
                 }
             }
         }
-        publish(&keys);
-        due.get_or_insert_with(|| tokio::time::Instant::now() + settle);
     }
 }
 
