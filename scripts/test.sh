@@ -60,6 +60,10 @@ step "the Python client (clients/python): pip install into a virtualenv, its uni
 venv=${XDG_CACHE_HOME:-$HOME/.cache}/leasehold/python-client
 python3 -m venv --clear "$venv" 2>/dev/null || { apt_install python3-venv python3-pip; python3 -m venv --clear "$venv"; }
 "$venv/bin/pip" install --quiet --disable-pip-version-check "./clients/python[test]"
+# As root, its keepalive test drops packets with iptables in a network namespace.
+if [ "$(id -u)" = 0 ]; then
+  command -v iptables >/dev/null && command -v unshare >/dev/null || apt_install iptables util-linux
+fi
 (cd clients/python && "$venv/bin/python" -m pytest -q -p no:cacheprovider && "$venv/bin/python" -m mypy --ignore-missing-imports src)
 export LEASEHOLD_PYTHON="$venv/bin/python"
 

@@ -4,7 +4,9 @@ Lease (create, renew, read back, release) and the watch on the DistributedLock.
 Requests go out with ``_preload_content=False`` and their JSON is read as plain dicts,
 the shape ``docs/protocol.md`` describes. Claims are written through their own API
 client (connection pool): a long watch holds a connection, and the release should not
-wait for a new one.
+wait for a new one. Every connection of a client this module builds has TCP keepalive
+(:func:`keepalive_options`), so a watch whose path to the API server drops packets is
+found dead within seconds, as the Rust client's HTTP/2 PINGs find it.
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import urllib3
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -30,14 +35,44 @@ log = logging.getLogger("leasehold_client")
 MERGE_PATCH = "application/merge-patch+json"
 
 
-def api_client() -> k8s.ApiClient:
-    """An API client for this pod (in-cluster), else for ``$KUBECONFIG`` / ``~/.kube/config``."""
-    configuration = k8s.Configuration()
-    try:
-        k8s_config.load_incluster_config(client_configuration=configuration)
-    except k8s_config.ConfigException:
-        k8s_config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
-    return k8s.ApiClient(configuration)
+#: Seconds a connection is idle before the first keepalive probe.
+KEEPALIVE_IDLE = 3
+#: Seconds between unanswered keepalive probes.
+KEEPALIVE_INTERVAL = 3
+#: Unanswered probes after which the kernel drops the connection: a watch on a path
+#: that drops packets (a partition, a dead node behind the API server's address) ends
+#: within ``KEEPALIVE_IDLE + KEEPALIVE_INTERVAL * KEEPALIVE_COUNT`` (9 s) and is made
+#: anew, instead of hiding a grant until the next fresh read (``WAIT_CHECK``) or the
+#: watch's read timeout. A probe is answered by the API server's kernel: it costs no
+#: request, and a busy API server is not taken for a dead one.
+KEEPALIVE_COUNT = 2
+
+
+def keepalive_options() -> List[Tuple[int, int, int]]:
+    """urllib3 socket options: its defaults (no Nagle) and TCP keepalive as above."""
+    options = list(urllib3.connection.HTTPConnection.default_socket_options)
+    options.append((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1))
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL), ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+        if hasattr(socket, name):  # Linux; other platforms keep their own timings
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    return options
+
+
+def api_client(configuration: Optional[k8s.Configuration] = None) -> k8s.ApiClient:
+    """An API client with TCP keepalive (:func:`keepalive_options`) for ``configuration``;
+    without one, for this pod (in-cluster), else for ``$KUBECONFIG`` / ``~/.kube/config``."""
+    if configuration is None:
+        configuration = k8s.Configuration()
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        except k8s_config.ConfigException:
+            k8s_config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
+    configuration.socket_options = keepalive_options()
+    client = k8s.ApiClient(configuration)
+    # Releases of the kubernetes package before it read ``socket_options``: its pool
+    # manager takes them all the same.
+    client.rest_client.pool_manager.connection_pool_kw["socket_options"] = configuration.socket_options
+    return client
 
 
 def _json(response: Any) -> Dict[str, Any]:
