@@ -13,6 +13,7 @@ The Python client of `leasehold <https://github.com/leasehold-dev/leasehold>`_'s
         guard.check()                         # raises LockLost once the grant is gone
 """
 
+from ._kube import api_client
 from .aio import AsyncGuard, AsyncLock
 from .errors import (
     ApiError,
@@ -54,4 +55,5 @@ __all__ = [
     "PodIdentity",
     "Refused",
     "Timeout",
+    "api_client",
 ]
