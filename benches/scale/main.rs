@@ -2,11 +2,13 @@
 //! cluster, printed as figures (a benchmark, not a test).
 //!
 //! For each L: the claims are written ahead of time (claim creation is not counted),
-//! then a fresh `leasehold controller` process (this build) is started and every grant
-//! is released as soon as it is seen — flat out, then at an offered release rate. It
+//! each with its release and wait hashes as a client writes it, then a fresh `leasehold
+//! controller` process (this build) is started and every grant is released (with the
+//! claim's secret) as soon as it is seen — flat out, then at an offered release rate. It
 //! prints grants/s, release → next grant p50/p90/p99, the controller's peak RSS and CPU
 //! seconds, API writes per grant by verb and resource and every request per grant by
-//! verb (reads and watches too) from the API server's own `/metrics`, and the share of
+//! verb (reads and watches too) from the API server's own `/metrics`, the lock statuses
+//! written per grant and their bytes (as the driver's watch saw them), and the share of
 //! the API server's Lease write ceiling the run's writes took; and, first, what the
 //! unrelated pods cost the controller's memory. Then
 //! the etcd backend's rows (`--etcd-locks`): in-process clients on the control plane's
@@ -363,6 +365,15 @@ async fn report(
             format!(": {:?}", &out.violations[..out.violations.len().min(3)])
         },
     );
+    if out.statuses.0 > 0 {
+        let (seen, bytes) = out.statuses;
+        println!(
+            "{what}: statuses seen {:.2} per grant, {:.0} bytes each (JSON): {:.0} status bytes written per grant",
+            seen as f64 / out.grants.max(1) as f64,
+            bytes as f64 / seen as f64,
+            bytes as f64 / out.grants.max(1) as f64,
+        );
+    }
     let shares = cpu::per_grant(*cpu_before, cpu_after, cpu, out.grants);
     println!("{what}: {shares}");
     if let Some(c) = ceiling {

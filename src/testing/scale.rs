@@ -17,7 +17,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 use crate::api::{DistributedLock, DistributedLockSpec};
-use crate::protocol::claim::{PodIdentity, claim_lease, claim_name, release_patch};
+use crate::protocol::claim::{PodIdentity, claim_lease_with, claim_name, release_patch_with};
+use crate::protocol::release::Secret;
 use crate::protocol::timing::MAX_LEASE_SECONDS;
 
 /// How many API requests the setup and the driver keep in flight.
@@ -29,6 +30,10 @@ pub struct Workload {
     pub namespace: String,
     /// Lock name → its claims, oldest first.
     pub claims: HashMap<String, Vec<String>>,
+    /// The release secret of every claim (one for all: what counts here is that each
+    /// claim records its hashes in the lock's status and releases with its secret, as a
+    /// client's claim does).
+    pub secret: Secret,
 }
 
 /// What driving a workload showed.
@@ -45,6 +50,9 @@ pub struct Outcome {
     /// With an offered rate: how long until every lock had its first grant (the
     /// controller's start-up, at its own pace); releases are held back until then.
     pub warmup: Option<Duration>,
+    /// The statuses of the run's locks the driver's watch saw (each one written), and
+    /// their bytes as JSON: what the API server decodes, validates and stores per write.
+    pub statuses: (usize, usize),
 }
 
 /// Create `count` Pod objects (never scheduled) named `<prefix><i>` in `ns`.
@@ -118,13 +126,17 @@ pub async fn prepare(client: &Client, ns: &str, locks: usize, claimants: usize) 
         .collect::<Result<Vec<_>, _>>()?;
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
     let mut claims: HashMap<String, Vec<String>> = HashMap::new();
+    let secret = Secret::generate();
     // Claim i of every lock before claim i + 1 of any: the creation second orders them.
     for pod in &pods {
         let batch: Vec<(String, Lease)> = names
             .iter()
             .map(|lock| {
                 let name = claim_name(lock);
-                (lock.clone(), claim_lease(&name, lock, pod, MAX_LEASE_SECONDS))
+                (
+                    lock.clone(),
+                    claim_lease_with(&name, lock, pod, MAX_LEASE_SECONDS, Some(&secret)),
+                )
             })
             .collect();
         futures::stream::iter(batch.iter())
@@ -146,6 +158,7 @@ pub async fn prepare(client: &Client, ns: &str, locks: usize, claimants: usize) 
     Ok(Workload {
         namespace: ns.into(),
         claims,
+        secret,
     })
 }
 
@@ -192,10 +205,11 @@ impl LockRun {
 /// When each lock's last release was sent.
 type Sent = Arc<std::sync::Mutex<HashMap<String, Instant>>>;
 
-/// The releaser: sends the releases (lock, claim) it is given in order, paced when a
-/// rate is offered, [`IN_FLIGHT`] at most at once, noting in `sent` when each went.
+/// The releaser: sends the releases (lock, claim) it is given in order, each with the
+/// claims' `secret`, paced when a rate is offered, [`IN_FLIGHT`] at most at once, noting
+/// in `sent` when each went.
 fn releaser(
-    leases: Api<Lease>,
+    (leases, secret): (Api<Lease>, Secret),
     rate: Option<f64>,
     sent: Sent,
 ) -> (
@@ -214,9 +228,9 @@ fn releaser(
             }
             let permit = gate.clone().acquire_owned().await.expect("never closed");
             let leases = leases.clone();
+            let patch = Patch::Merge(release_patch_with(&lock, &secret));
             sent.lock().expect("sent lock").insert(lock, Instant::now());
             tokio::spawn(async move {
-                let patch = Patch::Merge(release_patch());
                 if let Err(e) = leases.patch(&claim, &PatchParams::default(), &patch).await {
                     tracing::warn!(claim, error = %e, "release failed");
                 }
@@ -268,7 +282,7 @@ pub async fn drive(client: &Client, w: &Workload, rate: Option<f64>, deadline: D
         .collect();
     // When each lock's last release was sent.
     let sent: Sent = Arc::default();
-    let (tx, releases) = releaser(leases, rate, sent.clone());
+    let (tx, releases) = releaser((leases, w.secret.clone()), rate, sent.clone());
     let mut out = Outcome::default();
     // With a rate: the first grants' releases, held until every lock has one.
     let mut held: Option<Vec<(String, String)>> = rate.map(|_| Vec::new());
@@ -288,6 +302,8 @@ pub async fn drive(client: &Client, w: &Workload, rate: Option<f64>, deadline: D
         let (Some(run), Some(order)) = (runs.get_mut(&name), w.claims.get(&name)) else {
             continue;
         };
+        out.statuses.0 += 1;
+        out.statuses.1 += serde_json::to_vec(&lock.status).map_or(0, |v| v.len());
         let Some(holder) = lock.status.as_ref().and_then(|s| s.holders.first()) else {
             continue;
         };
