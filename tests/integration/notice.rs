@@ -243,6 +243,43 @@ async fn a_release_url_whose_packets_are_dropped_costs_a_waiting_run_s_release_n
 }
 
 #[tokio::test]
+async fn a_run_done_before_its_probe_answered_does_not_wait_for_a_release_url_whose_packets_are_dropped() {
+    // A free lock and a short CMD: the run's release comes while its probe of the
+    // published URL (bounded by the notice timeout, 1 s at this lease) still waits for
+    // a connection that never completes. Such a release used to send its notice there
+    // and wait the whole notice timeout.
+    let ns = TestNs::new("noticeprobing").await;
+    let hole = leasehold::testing::proxy::Unanswered::start().await.unwrap();
+    let opts = Options {
+        release_url: Some(release_url("127.0.0.1", hole.port)),
+        ..Options::single("noticeprobing", Some(&ns.name))
+    };
+    let _c = spawn_controller_with(ns.client.clone(), opts);
+    let lease = 10;
+    ns.lock("l", spec(lease)).await;
+    ns.wait_lock("l", "the release URL published", |l| {
+        l.status.as_ref().is_some_and(|s| s.release_url.is_some())
+    })
+    .await;
+    let dir = crate::client::scratch("noticeprobing");
+    let b = ns.pod("b").await;
+    let env = [("RUST_LOG", "debug")];
+    let mut run_b = crate::client::run_with_env(kubeconfig(), &ns, &b, &dir, &[], &env, crate::client::SECTION);
+    crate::client::wait_log(&dir, "b's CMD ends", |l| l.iter().any(|l| l[0] == "end")).await;
+    let ended = Instant::now();
+    let status = tokio::time::timeout(DEADLINE, run_b.wait()).await.unwrap().unwrap();
+    let took = ended.elapsed();
+    assert!(status.success());
+    let limit = notice_timeout(Duration::from_secs(lease as u64));
+    let stderr = std::fs::read_to_string(dir.join("b.stderr")).unwrap_or_default();
+    assert!(
+        took < limit / 2,
+        "b's release waited for the URL its probe had not reached: {took:?} from its CMD's end to its exit\n{stderr}"
+    );
+    ns.wait_lock("l", "the slot is free", |l| holders(l).is_empty()).await;
+}
+
+#[tokio::test]
 async fn only_the_designated_claims_owner_may_wait_for_its_direct_grant() {
     // A neighbour reads the designated successor's claim name in the lock's status and
     // asks the controller for its grant: it must neither learn the grant nor take the

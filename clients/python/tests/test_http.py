@@ -77,6 +77,35 @@ def test_an_unreachable_url_falls_back_to_the_mark_and_is_skipped_a_while():
     assert _http.REACH.unreachable(url, __import__("time").monotonic())
 
 
+def test_a_release_waits_a_little_for_a_probe_under_way_then_marks():
+    import socket
+    import time
+
+    # A URL whose connections never complete (its accept queue is full): the probe's
+    # connect hangs, and so would a notice's, for the whole notice timeout.
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(0)
+    filler = socket.create_connection(s.getsockname())
+    url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    try:
+        _http.REACH.probe(url, 15)
+        started = time.monotonic()
+        assert not _http.notice_written(_http.NoticeTarget(url, public(KEY), "u-1"), NOTICE, 15)
+        took = time.monotonic() - started
+        assert _http.PROBE_GRACE <= took < p.notice_timeout(15) / 2, f"{took:.3f} s: the grace, not the notice timeout"
+    finally:
+        filler.close()
+        s.close()
+
+
+def test_a_release_while_a_reachable_url_is_probed_waits_for_the_probe_and_sends_its_notice():
+    url, served = serve(200, {})  # answers, but not "written": the notice shows it was sent
+    _http.REACH.probe(url, 15)
+    assert not _http.notice_written(_http.NoticeTarget(url, public(KEY), "u-1"), NOTICE, 15)
+    assert not served.empty(), "the notice was sent once the probe reached the URL"
+
+
 def designating(url, token=7):
     return {
         "metadata": {"namespace": "ns", "name": "l", "uid": "u-1"},

@@ -9,7 +9,12 @@
 //! it to this process (a TCP connect, bounded by the same timeout, while the claim
 //! waits or its holder works); a URL found unreachable, by the probe or by a notice
 //! that got no answer, is skipped for [`UNREACHABLE_FOR`]: the release goes straight
-//! to the mark. (A `leasehold run`, which releases once, learns it from its probe.)
+//! to the mark. (A `leasehold run`, which releases once, learns it from its probe.) So
+//! is a URL whose probe has not answered within [`PROBE_GRACE`] of the release: a
+//! reachable one answers a connect within a round trip, so a probe that keeps a release
+//! waiting longer has most likely met a URL that drops packets, where the notice would
+//! wait out its whole timeout (as a `leasehold run` granted and done within that
+//! timeout of its first status did).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -51,6 +56,10 @@ impl NoticeTarget {
 /// How long this process skips a notice URL found unreachable before it tries again.
 pub(crate) const UNREACHABLE_FOR: Duration = Duration::from_secs(60);
 
+/// How long a release waits for a probe of its notice URL still under way (a reachable
+/// URL answers a connect within a round trip); past it, the release marks its claim.
+pub(crate) const PROBE_GRACE: Duration = Duration::from_millis(50);
+
 /// What this process knows of one notice URL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reach {
@@ -65,13 +74,21 @@ enum Reach {
 /// What this process knows of the notice URLs it met.
 static REACH: Mutex<BTreeMap<String, Reach>> = Mutex::new(BTreeMap::new());
 
+/// Woken whenever a probe's answer is learnt.
+static PROBED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
 fn reach() -> std::sync::MutexGuard<'static, BTreeMap<String, Reach>> {
     REACH.lock().expect("notice reachability lock poisoned")
 }
 
-/// Whether `url` was found unreachable within [`UNREACHABLE_FOR`] of `now`.
-fn unreachable(url: &str, now: Instant) -> bool {
-    matches!(reach().get(url), Some(Reach::Unreachable(until)) if *until > now)
+/// Whether a notice to `url` is not sent: its probe is still under way, or it was
+/// found unreachable within [`UNREACHABLE_FOR`] of `now`.
+fn skipped(url: &str, now: Instant) -> bool {
+    match reach().get(url) {
+        Some(Reach::Probing) => true,
+        Some(Reach::Unreachable(until)) => *until > now,
+        Some(Reach::Reached) | None => false,
+    }
 }
 
 /// Remember whether `url` could be reached, as learnt at `now`.
@@ -111,7 +128,24 @@ pub(crate) fn probe(url: &str, lease: Duration) -> Option<tokio::task::JoinHandl
             );
         }
         learn(&url, reached, Instant::now());
+        PROBED.notify_waiters();
     }))
+}
+
+/// Wait, at most [`PROBE_GRACE`], until no probe of `url` is under way.
+async fn probe_answered(url: &str) {
+    let until = tokio::time::Instant::now() + PROBE_GRACE;
+    loop {
+        let answered = PROBED.notified();
+        tokio::pin!(answered);
+        answered.as_mut().enable(); // before the look: an answer in between still wakes it
+        if reach().get(url) != Some(&Reach::Probing) {
+            return;
+        }
+        if tokio::time::timeout_at(until, answered).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Send `notice` to the controller at `target`; true only when it answers that the
@@ -121,10 +155,11 @@ pub(crate) async fn written(target: &NoticeTarget, notice: &Notice, lease: Durat
         tracing::debug!(release_url = target.url, "not a release URL; marking the claim instead");
         return false;
     };
-    if unreachable(&target.url, Instant::now()) {
+    probe_answered(&target.url).await;
+    if skipped(&target.url, Instant::now()) {
         tracing::debug!(
             release_url = target.url,
-            "release URL found unreachable; marking the claim"
+            "release URL found unreachable, or its probe not answered in time; marking the claim"
         );
         return false;
     }
@@ -321,13 +356,58 @@ mod tests {
     #[test]
     fn an_unreachable_url_is_skipped_for_a_while_and_a_reached_one_is_not() {
         let (url, now) = ("http://10.0.0.1:8080", Instant::now());
-        assert!(!unreachable(url, now));
+        assert!(!skipped(url, now));
         learn(url, false, now);
-        assert!(unreachable(url, now + UNREACHABLE_FOR - Duration::from_millis(1)));
-        assert!(!unreachable(url, now + UNREACHABLE_FOR), "tried again after a while");
+        assert!(skipped(url, now + UNREACHABLE_FOR - Duration::from_millis(1)));
+        assert!(!skipped(url, now + UNREACHABLE_FOR), "tried again after a while");
         learn(url, false, now);
         learn(url, true, now);
-        assert!(!unreachable(url, now), "reached again: no longer skipped");
+        assert!(!skipped(url, now), "reached again: no longer skipped");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_waits_a_little_for_a_probe_under_way_then_marks() {
+        // Connections never complete (its accept queue is full), as where packets are
+        // dropped: the probe's connect, and a notice's, would hang the notice timeout.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
+        let listener = socket.listen(0).unwrap();
+        let _filler = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let lease = Duration::from_secs(15);
+        let probing = probe(&url, lease).expect("a probe");
+        let started = tokio::time::Instant::now();
+        assert!(!written(&to(&url), &notice(), lease).await);
+        assert_eq!(started.elapsed(), PROBE_GRACE, "the grace, not the notice timeout");
+        probing.await.unwrap();
+        assert!(
+            skipped(&url, Instant::now()),
+            "found unreachable: later releases mark at once"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_while_a_reachable_url_is_probed_waits_for_the_probe_and_sends_its_notice() {
+        // Accepts, never answers: the notice costs its timeout, so it shows it was sent.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let _held = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let lease = Duration::from_secs(15);
+        let _probing = probe(&url, lease).expect("a probe");
+        let started = tokio::time::Instant::now();
+        assert!(!written(&to(&url), &notice(), lease).await);
+        let took = started.elapsed();
+        assert!(
+            took >= notice_timeout(lease) && took < notice_timeout(lease) + PROBE_GRACE,
+            "{took:?}: the notice was sent once the probe reached the URL"
+        );
     }
 
     #[tokio::test]
@@ -337,14 +417,14 @@ mod tests {
         drop(listener);
         let lease = Duration::from_secs(15);
         probe(&url, lease).expect("a probe").await.unwrap();
-        assert!(unreachable(&url, Instant::now()));
+        assert!(skipped(&url, Instant::now()));
         assert!(!written(&to(&url), &notice(), lease).await);
         assert!(probe(&url, lease).is_none(), "probed once, not on every status");
         // An open port is reached, and probed once.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let open = format!("http://{}", listener.local_addr().unwrap());
         probe(&open, lease).expect("a probe").await.unwrap();
-        assert!(!unreachable(&open, Instant::now()));
+        assert!(!skipped(&open, Instant::now()));
         assert!(probe(&open, lease).is_none());
         assert!(probe("https://example.invalid:1", lease).is_none(), "not a release URL");
     }

@@ -30,6 +30,8 @@ TOKEN_HEADER = "leasehold-fencing-token"
 SIGNATURE_HEADER = "leasehold-grant-signature"
 #: How long a URL found unreachable is skipped before it is tried again.
 UNREACHABLE_FOR = 60.0
+#: How long a release waits for a probe of its notice URL still under way, then marks.
+PROBE_GRACE = 0.05
 #: The least time between two waits for one designation.
 REASK_AFTER = 1.0
 
@@ -59,6 +61,7 @@ class _Reach:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)
         self._known: Dict[str, Tuple[str, float]] = {}
 
     def unreachable(self, url: str, now: float) -> bool:
@@ -66,9 +69,20 @@ class _Reach:
             state, until = self._known.get(url, ("", 0.0))
             return state == "unreachable" and until > now
 
+    def skipped(self, url: str) -> bool:
+        """Whether a notice to ``url`` is not sent: found unreachable a while ago, or its
+        probe, still under way, does not answer within ``PROBE_GRACE`` (a reachable URL
+        answers a connect within a round trip; one that keeps a release waiting longer
+        most likely drops packets, and the notice would wait out its whole timeout)."""
+        with self._answered:
+            self._answered.wait_for(lambda: self._known.get(url, ("", 0.0))[0] != "probing", PROBE_GRACE)
+            state, until = self._known.get(url, ("", 0.0))
+            return state == "probing" or (state == "unreachable" and until > time.monotonic())
+
     def learn(self, url: str, reached: bool, now: float) -> None:
-        with self._lock:
+        with self._answered:
             self._known[url] = ("reached", 0.0) if reached else ("unreachable", now + UNREACHABLE_FOR)
+            self._answered.notify_all()
 
     def probe(self, url: str, lease: float) -> None:
         """Find out, off the release's path, whether ``url`` can be reached (once)."""
@@ -127,7 +141,7 @@ def notice_written(target: NoticeTarget, notice: Mapping[str, str], lease: float
     """Send the release ``notice`` to ``target``; true only when the controller answers
     that the release is written, signed by the key the status published."""
     url = p.endpoint(target.url, NOTICE_PATH)
-    if url is None or REACH.unreachable(target.url, time.monotonic()):
+    if url is None or REACH.skipped(target.url):
         return False
     # The notice timeout bounds the whole exchange (a socket timeout bounds each step):
     # the exchange runs on a thread of its own, and an answer later than that is ignored.
