@@ -10,11 +10,12 @@
 //! waits or its holder works); a URL found unreachable, by the probe or by a notice
 //! that got no answer, is skipped for [`UNREACHABLE_FOR`]: the release goes straight
 //! to the mark. (A `leasehold run`, which releases once, learns it from its probe.) So
-//! is a URL whose probe has not answered within [`PROBE_GRACE`] of the release: a
-//! reachable one answers a connect within a round trip, so a probe that keeps a release
-//! waiting longer has most likely met a URL that drops packets, where the notice would
+//! is a URL whose probe has not answered within [`PROBE_GRACE`] of its start: a
+//! reachable one answers a connect within a round trip, so a probe still under way
+//! after that has most likely met a URL that drops packets, where the notice would
 //! wait out its whole timeout (as a `leasehold run` granted and done within that
-//! timeout of its first status did).
+//! timeout of its first status did). A release comes that soon after the probe's start
+//! only on a free lock with a very short section; it waits the rest of the grace.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -56,15 +57,16 @@ impl NoticeTarget {
 /// How long this process skips a notice URL found unreachable before it tries again.
 pub(crate) const UNREACHABLE_FOR: Duration = Duration::from_secs(60);
 
-/// How long a release waits for a probe of its notice URL still under way (a reachable
-/// URL answers a connect within a round trip); past it, the release marks its claim.
+/// How long after its start a probe of a notice URL may keep a release waiting (a
+/// reachable URL answers a connect within a round trip); past it, the release marks
+/// its claim.
 pub(crate) const PROBE_GRACE: Duration = Duration::from_millis(50);
 
 /// What this process knows of one notice URL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reach {
-    /// A probe is under way.
-    Probing,
+    /// A probe is under way, since then.
+    Probing(Instant),
     /// Reached (by a probe): notices are sent.
     Reached,
     /// Not reached (by a probe or a notice): skipped until then.
@@ -85,7 +87,7 @@ fn reach() -> std::sync::MutexGuard<'static, BTreeMap<String, Reach>> {
 /// found unreachable within [`UNREACHABLE_FOR`] of `now`.
 fn skipped(url: &str, now: Instant) -> bool {
     match reach().get(url) {
-        Some(Reach::Probing) => true,
+        Some(Reach::Probing(_)) => true,
         Some(Reach::Unreachable(until)) => *until > now,
         Some(Reach::Reached) | None => false,
     }
@@ -112,9 +114,9 @@ pub(crate) fn probe(url: &str, lease: Duration) -> Option<tokio::task::JoinHandl
     {
         let mut known = reach();
         match known.get(url) {
-            Some(Reach::Probing | Reach::Reached) => return None,
+            Some(Reach::Probing(_) | Reach::Reached) => return None,
             Some(Reach::Unreachable(until)) if *until > Instant::now() => return None,
-            _ => known.insert(url.to_string(), Reach::Probing),
+            _ => known.insert(url.to_string(), Reach::Probing(Instant::now())),
         };
     }
     let (url, limit) = (url.to_string(), notice_timeout(lease));
@@ -132,17 +134,18 @@ pub(crate) fn probe(url: &str, lease: Duration) -> Option<tokio::task::JoinHandl
     }))
 }
 
-/// Wait, at most [`PROBE_GRACE`], until no probe of `url` is under way.
+/// Wait until no probe of `url` is under way, or [`PROBE_GRACE`] after the probe
+/// began (so a release long after a probe that still hangs does not wait at all).
 async fn probe_answered(url: &str) {
-    let until = tokio::time::Instant::now() + PROBE_GRACE;
     loop {
         let answered = PROBED.notified();
         tokio::pin!(answered);
         answered.as_mut().enable(); // before the look: an answer in between still wakes it
-        if reach().get(url) != Some(&Reach::Probing) {
+        let Some(Reach::Probing(began)) = reach().get(url).copied() else {
             return;
-        }
-        if tokio::time::timeout_at(until, answered).await.is_err() {
+        };
+        let left = (began + PROBE_GRACE).saturating_duration_since(Instant::now());
+        if left.is_zero() || tokio::time::timeout(left, answered).await.is_err() {
             return;
         }
     }
@@ -380,12 +383,25 @@ mod tests {
         let probing = probe(&url, lease).expect("a probe");
         let started = tokio::time::Instant::now();
         assert!(!written(&to(&url), &notice(), lease).await);
-        assert_eq!(started.elapsed(), PROBE_GRACE, "the grace, not the notice timeout");
+        let took = started.elapsed();
+        assert!(
+            took <= PROBE_GRACE,
+            "{took:?}: the grace at most, not the notice timeout"
+        );
         probing.await.unwrap();
         assert!(
             skipped(&url, Instant::now()),
             "found unreachable: later releases mark at once"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_long_after_a_probe_that_still_hangs_began_marks_at_once() {
+        let url = "http://10.0.0.2:8080";
+        reach().insert(url.into(), Reach::Probing(Instant::now() - 2 * PROBE_GRACE));
+        let started = tokio::time::Instant::now();
+        assert!(!written(&to(url), &notice(), Duration::from_secs(15)).await);
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

@@ -30,7 +30,7 @@ TOKEN_HEADER = "leasehold-fencing-token"
 SIGNATURE_HEADER = "leasehold-grant-signature"
 #: How long a URL found unreachable is skipped before it is tried again.
 UNREACHABLE_FOR = 60.0
-#: How long a release waits for a probe of its notice URL still under way, then marks.
+#: How long after its start a probe of a notice URL may keep a release waiting.
 PROBE_GRACE = 0.05
 #: The least time between two waits for one designation.
 REASK_AFTER = 1.0
@@ -71,11 +71,15 @@ class _Reach:
 
     def skipped(self, url: str) -> bool:
         """Whether a notice to ``url`` is not sent: found unreachable a while ago, or its
-        probe, still under way, does not answer within ``PROBE_GRACE`` (a reachable URL
-        answers a connect within a round trip; one that keeps a release waiting longer
-        most likely drops packets, and the notice would wait out its whole timeout)."""
+        probe, still under way, does not answer within ``PROBE_GRACE`` of its start (a
+        reachable URL answers a connect within a round trip; a probe still under way
+        after that most likely met a URL that drops packets, where the notice would
+        wait out its whole timeout)."""
         with self._answered:
-            self._answered.wait_for(lambda: self._known.get(url, ("", 0.0))[0] != "probing", PROBE_GRACE)
+            state, began = self._known.get(url, ("", 0.0))
+            if state == "probing":
+                left = began + PROBE_GRACE - time.monotonic()
+                self._answered.wait_for(lambda: self._known.get(url, ("", 0.0))[0] != "probing", max(left, 0.0))
             state, until = self._known.get(url, ("", 0.0))
             return state == "probing" or (state == "unreachable" and until > time.monotonic())
 
@@ -93,7 +97,7 @@ class _Reach:
             state, until = self._known.get(url, ("", 0.0))
             if state in ("probing", "reached") or (state == "unreachable" and until > time.monotonic()):
                 return
-            self._known[url] = ("probing", 0.0)
+            self._known[url] = ("probing", time.monotonic())
         parts = urlsplit(target)
 
         def run() -> None:
