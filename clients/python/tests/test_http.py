@@ -110,7 +110,17 @@ def test_a_release_long_after_a_probe_that_still_hangs_began_marks_at_once():
     assert time.monotonic() - started < _http.PROBE_GRACE
 
 
-def test_a_release_while_a_reachable_url_is_probed_waits_for_the_probe_and_sends_its_notice():
+def test_a_probe_that_never_answered_does_not_keep_notices_off():
+    import time
+
+    url = "http://10.0.0.3:8080"
+    with _http.REACH._answered:
+        _http.REACH._known[url] = ("probing", time.monotonic() - _http.PROBE_STALE)
+    assert not _http.REACH.skipped(url)
+
+
+def test_a_release_while_a_reachable_url_is_probed_waits_for_the_probe_and_sends_its_notice(monkeypatch):
+    monkeypatch.setattr(_http, "PROBE_GRACE", 5.0)  # a loaded machine's probe thread may start late
     url, served = serve(200, {})  # answers, but not "written": the notice shows it was sent
     _http.REACH.probe(url, 15)
     assert not _http.notice_written(_http.NoticeTarget(url, public(KEY), "u-1"), NOTICE, 15)

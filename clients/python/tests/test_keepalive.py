@@ -33,6 +33,12 @@ def test_the_clients_connections_have_keepalive_within_the_bound():
     assert (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1) in options, "urllib3's own default is kept"
     assert (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, _kube.KEEPALIVE_IDLE) in options
     assert BOUND <= 10, "a dead watch is found about as soon as the Rust client's PINGs find it (6 s)"
+    # A caller's own options stay, beside keepalive's.
+    mine = (socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    configuration = k8s.Configuration(host="http://127.0.0.1:1")
+    configuration.socket_options = [mine]
+    options = _kube.api_client(configuration).rest_client.pool_manager.connection_pool_kw["socket_options"]
+    assert mine in options and (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1) in options
 
 
 def _serve_a_silent_watch(listener: socket.socket) -> None:

@@ -62,6 +62,10 @@ pub(crate) const UNREACHABLE_FOR: Duration = Duration::from_secs(60);
 /// its claim.
 pub(crate) const PROBE_GRACE: Duration = Duration::from_millis(50);
 
+/// A probe is bounded by the notice timeout (1 s at most): one not answered after this
+/// never will be (its runtime shut down under it), and the URL counts as not probed.
+const PROBE_STALE: Duration = Duration::from_secs(2);
+
 /// What this process knows of one notice URL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reach {
@@ -87,7 +91,7 @@ fn reach() -> std::sync::MutexGuard<'static, BTreeMap<String, Reach>> {
 /// found unreachable within [`UNREACHABLE_FOR`] of `now`.
 fn skipped(url: &str, now: Instant) -> bool {
     match reach().get(url) {
-        Some(Reach::Probing(_)) => true,
+        Some(Reach::Probing(began)) => now < *began + PROBE_STALE,
         Some(Reach::Unreachable(until)) => *until > now,
         Some(Reach::Reached) | None => false,
     }
@@ -114,7 +118,8 @@ pub(crate) fn probe(url: &str, lease: Duration) -> Option<tokio::task::JoinHandl
     {
         let mut known = reach();
         match known.get(url) {
-            Some(Reach::Probing(_) | Reach::Reached) => return None,
+            Some(Reach::Reached) => return None,
+            Some(Reach::Probing(began)) if began.elapsed() < PROBE_STALE => return None,
             Some(Reach::Unreachable(until)) if *until > Instant::now() => return None,
             _ => known.insert(url.to_string(), Reach::Probing(Instant::now())),
         };
@@ -404,8 +409,24 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::ZERO);
     }
 
+    #[test]
+    fn a_probe_that_never_answered_does_not_keep_notices_off() {
+        // Its runtime shut down under it: never answered, so probed again, not skipped.
+        let url = "http://10.0.0.3:8080";
+        reach().insert(url.into(), Reach::Probing(Instant::now() - PROBE_STALE));
+        assert!(!skipped(url, Instant::now()));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _entered = runtime.enter();
+        assert!(probe(url, Duration::from_secs(15)).is_some(), "probed anew");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_release_while_a_reachable_url_is_probed_waits_for_the_probe_and_sends_its_notice() {
+        // (On a paused clock: the loopback connect is seen at the runtime's next poll,
+        // before the clock would jump past the grace.)
         // Accepts, never answers: the notice costs its timeout, so it shows it was sent.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());

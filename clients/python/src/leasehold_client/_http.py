@@ -32,6 +32,9 @@ SIGNATURE_HEADER = "leasehold-grant-signature"
 UNREACHABLE_FOR = 60.0
 #: How long after its start a probe of a notice URL may keep a release waiting.
 PROBE_GRACE = 0.05
+#: A probe is bounded by the notice timeout (1 s at most): one not answered after this
+#: never will be, and the URL counts as not probed.
+PROBE_STALE = 2.0
 #: The least time between two waits for one designation.
 REASK_AFTER = 1.0
 
@@ -81,7 +84,8 @@ class _Reach:
                 left = began + PROBE_GRACE - time.monotonic()
                 self._answered.wait_for(lambda: self._known.get(url, ("", 0.0))[0] != "probing", max(left, 0.0))
             state, until = self._known.get(url, ("", 0.0))
-            return state == "probing" or (state == "unreachable" and until > time.monotonic())
+            now = time.monotonic()
+            return (state == "probing" and now < until + PROBE_STALE) or (state == "unreachable" and until > now)
 
     def learn(self, url: str, reached: bool, now: float) -> None:
         with self._answered:
@@ -95,7 +99,8 @@ class _Reach:
             return
         with self._lock:
             state, until = self._known.get(url, ("", 0.0))
-            if state in ("probing", "reached") or (state == "unreachable" and until > time.monotonic()):
+            now = time.monotonic()
+            if state == "reached" or (state == "probing" and now < until + PROBE_STALE) or (state == "unreachable" and until > now):
                 return
             self._known[url] = ("probing", time.monotonic())
         parts = urlsplit(target)
@@ -104,7 +109,7 @@ class _Reach:
             try:
                 socket.create_connection((parts.hostname, parts.port), timeout=p.notice_timeout(lease)).close()
                 reached = True
-            except OSError:
+            except Exception:  # noqa: BLE001 - OSError, or a host name the resolver refuses
                 reached = False
                 log.info("the controller's release URL %s cannot be reached: releases write the mark at once", url)
             self.learn(url, reached, time.monotonic())

@@ -59,15 +59,17 @@ def keepalive_options() -> List[Tuple[int, int, int]]:
 
 
 def api_client(configuration: Optional[k8s.Configuration] = None) -> k8s.ApiClient:
-    """An API client with TCP keepalive (:func:`keepalive_options`) for ``configuration``;
-    without one, for this pod (in-cluster), else for ``$KUBECONFIG`` / ``~/.kube/config``."""
+    """An API client with TCP keepalive (:func:`keepalive_options`, beside any socket
+    options ``configuration`` sets itself) for ``configuration``; without one, for this
+    pod (in-cluster), else for ``$KUBECONFIG`` / ``~/.kube/config``."""
     if configuration is None:
         configuration = k8s.Configuration()
         try:
             k8s_config.load_incluster_config(client_configuration=configuration)
         except k8s_config.ConfigException:
             k8s_config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
-    configuration.socket_options = keepalive_options()
+    own = list(configuration.socket_options or [])
+    configuration.socket_options = own + [o for o in keepalive_options() if o[:2] not in {x[:2] for x in own}]
     client = k8s.ApiClient(configuration)
     # Releases of the kubernetes package before it read ``socket_options``: its pool
     # manager takes them all the same.
