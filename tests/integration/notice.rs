@@ -199,19 +199,41 @@ async fn a_controller_that_never_answers_a_notice_costs_its_timeout_then_the_mar
     released_through_its_mark(versions).await;
 }
 
+/// A controller publishing a release URL whose connections never complete (a
+/// NetworkPolicy that drops the clients' packets to it), and lock `l` with `lease`:
+/// keep what it returns for the test's length.
+async fn behind_a_dropping_url(
+    ns: &TestNs,
+    identity: &str,
+    lease: i32,
+) -> (leasehold::testing::proxy::Unanswered, Running) {
+    let hole = leasehold::testing::proxy::Unanswered::start().await.unwrap();
+    let opts = Options {
+        release_url: Some(release_url("127.0.0.1", hole.port)),
+        ..Options::single(identity, Some(&ns.name))
+    };
+    let controller = spawn_controller_with(ns.client.clone(), opts);
+    ns.lock("l", spec(lease)).await;
+    (hole, controller)
+}
+
+/// How long the run of `dir`'s pod `b` takes to exit after its CMD's end (it succeeds).
+async fn exit_after_cmd_end(dir: &std::path::Path, run: &mut tokio::process::Child) -> Duration {
+    crate::client::wait_log(dir, "b's CMD ends", |l| l.iter().any(|l| l[0] == "end")).await;
+    let ended = Instant::now();
+    let status = tokio::time::timeout(DEADLINE, run.wait()).await.unwrap().unwrap();
+    let took = ended.elapsed();
+    assert!(status.success());
+    took
+}
+
 #[tokio::test]
 async fn a_release_url_whose_packets_are_dropped_costs_a_waiting_run_s_release_nothing() {
     // A NetworkPolicy that drops the clients' packets to the controller: connections to
     // the published URL never complete. Every release used to wait the notice timeout.
     let ns = TestNs::new("noticedrop").await;
-    let hole = leasehold::testing::proxy::Unanswered::start().await.unwrap();
-    let opts = Options {
-        release_url: Some(release_url("127.0.0.1", hole.port)),
-        ..Options::single("noticedrop", Some(&ns.name))
-    };
-    let _c = spawn_controller_with(ns.client.clone(), opts);
     let lease = 10;
-    ns.lock("l", spec(lease)).await;
+    let _dropping = behind_a_dropping_url(&ns, "noticedrop", lease).await;
     let holder = lock_for(&ns, ns.pod("a").await).acquire().await.unwrap();
     let dir = crate::client::scratch("noticedrop");
     let b = ns.pod("b").await;
@@ -227,11 +249,7 @@ async fn a_release_url_whose_packets_are_dropped_costs_a_waiting_run_s_release_n
     .await;
     let versions = versions_until_deleted(&ns, &claim_b);
     holder.release().await.unwrap();
-    crate::client::wait_log(&dir, "b's CMD ends", |l| l.iter().any(|l| l[0] == "end")).await;
-    let ended = Instant::now();
-    let status = tokio::time::timeout(DEADLINE, run_b.wait()).await.unwrap().unwrap();
-    let took = ended.elapsed();
-    assert!(status.success());
+    let took = exit_after_cmd_end(&dir, &mut run_b).await;
     // The assumption: a mark write and the run's exit take less than half the notice
     // timeout (1 s at this lease) on a loaded machine.
     let limit = notice_timeout(Duration::from_secs(lease as u64));
@@ -249,14 +267,8 @@ async fn a_run_done_before_its_probe_answered_does_not_wait_for_a_release_url_wh
     // a connection that never completes. Such a release used to send its notice there
     // and wait the whole notice timeout.
     let ns = TestNs::new("noticeprobing").await;
-    let hole = leasehold::testing::proxy::Unanswered::start().await.unwrap();
-    let opts = Options {
-        release_url: Some(release_url("127.0.0.1", hole.port)),
-        ..Options::single("noticeprobing", Some(&ns.name))
-    };
-    let _c = spawn_controller_with(ns.client.clone(), opts);
     let lease = 10;
-    ns.lock("l", spec(lease)).await;
+    let _dropping = behind_a_dropping_url(&ns, "noticeprobing", lease).await;
     ns.wait_lock("l", "the release URL published", |l| {
         l.status.as_ref().is_some_and(|s| s.release_url.is_some())
     })
@@ -265,11 +277,7 @@ async fn a_run_done_before_its_probe_answered_does_not_wait_for_a_release_url_wh
     let b = ns.pod("b").await;
     let env = [("RUST_LOG", "debug")];
     let mut run_b = crate::client::run_with_env(kubeconfig(), &ns, &b, &dir, &[], &env, crate::client::SECTION);
-    crate::client::wait_log(&dir, "b's CMD ends", |l| l.iter().any(|l| l[0] == "end")).await;
-    let ended = Instant::now();
-    let status = tokio::time::timeout(DEADLINE, run_b.wait()).await.unwrap().unwrap();
-    let took = ended.elapsed();
-    assert!(status.success());
+    let took = exit_after_cmd_end(&dir, &mut run_b).await;
     let limit = notice_timeout(Duration::from_secs(lease as u64));
     let stderr = std::fs::read_to_string(dir.join("b.stderr")).unwrap_or_default();
     assert!(
