@@ -1,9 +1,12 @@
 """The two HTTP exchanges against a stand-in controller on loopback: only answers
 signed by the lock's key count."""
 
+import contextlib
 import http.server
 import queue
+import socket
 import threading
+import time
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -66,53 +69,51 @@ def test_only_a_written_answer_signed_by_the_lock_s_key_spares_the_mark():
 
 
 def test_an_unreachable_url_falls_back_to_the_mark_and_is_skipped_a_while():
-    import socket
-
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{s.getsockname()[1]}"
     s.close()
     target = _http.NoticeTarget(url, public(KEY), "u-1")
     assert not _http.notice_written(target, NOTICE, 15)
-    assert _http.REACH.unreachable(url, __import__("time").monotonic())
+    assert _http.REACH.unreachable(url, time.monotonic())
 
 
-def test_a_release_waits_a_little_for_a_probe_under_way_then_marks():
-    import socket
-    import time
-
-    # A URL whose connections never complete (its accept queue is full): the probe's
-    # connect hangs, and so would a notice's, for the whole notice timeout.
+@contextlib.contextmanager
+def hanging_url():
+    """A URL whose connections never complete (its listener's accept queue is full), as
+    where packets are dropped: a probe's connect hangs, and so would a notice's, for the
+    whole notice timeout."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     s.listen(0)
     filler = socket.create_connection(s.getsockname())
-    url = f"http://127.0.0.1:{s.getsockname()[1]}"
     try:
-        _http.REACH.probe(url, 15)
-        started = time.monotonic()
-        assert not _http.notice_written(_http.NoticeTarget(url, public(KEY), "u-1"), NOTICE, 15)
-        took = time.monotonic() - started
-        assert took < p.notice_timeout(15) / 2, f"{took:.3f} s: the grace at most, not the notice timeout"
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
     finally:
         filler.close()
         s.close()
 
 
-def test_a_release_long_after_a_probe_that_still_hangs_began_marks_at_once():
-    import time
+def test_a_release_waits_a_little_for_a_probe_under_way_then_marks():
+    with hanging_url() as url:
+        _http.REACH.probe(url, 15)
+        started = time.monotonic()
+        assert not _http.notice_written(_http.NoticeTarget(url, public(KEY), "u-1"), NOTICE, 15)
+        took = time.monotonic() - started
+        assert took < p.notice_timeout(15) / 2, f"{took:.3f} s: the grace at most, not the notice timeout"
 
-    url = "http://10.0.0.2:8080"
-    with _http.REACH._answered:
-        _http.REACH._known[url] = ("probing", time.monotonic() - 2 * _http.PROBE_GRACE)
-    started = time.monotonic()
-    assert not _http.notice_written(_http.NoticeTarget(url, public(KEY), "u-1"), NOTICE, 15)
-    assert time.monotonic() - started < _http.PROBE_GRACE
+
+def test_a_release_long_after_a_probe_that_still_hangs_began_marks_at_once():
+    # A notice there would hang its timeout (1 s): the release does not send one.
+    with hanging_url() as url:
+        with _http.REACH._answered:
+            _http.REACH._known[url] = ("probing", time.monotonic() - 2 * _http.PROBE_GRACE)
+        started = time.monotonic()
+        assert not _http.notice_written(_http.NoticeTarget(url, public(KEY), "u-1"), NOTICE, 15)
+        assert time.monotonic() - started < _http.PROBE_GRACE
 
 
 def test_a_probe_that_never_answered_does_not_keep_notices_off():
-    import time
-
     url = "http://10.0.0.3:8080"
     with _http.REACH._answered:
         _http.REACH._known[url] = ("probing", time.monotonic() - _http.PROBE_STALE)

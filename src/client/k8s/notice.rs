@@ -373,17 +373,22 @@ mod tests {
         assert!(!skipped(url, now), "reached again: no longer skipped");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_release_waits_a_little_for_a_probe_under_way_then_marks() {
-        // Connections never complete (its accept queue is full), as where packets are
-        // dropped: the probe's connect, and a notice's, would hang the notice timeout.
+    /// A URL whose connections never complete (its listener's accept queue is full), as
+    /// where packets are dropped: a probe's connect, and a notice's, hang until their
+    /// timeouts. Keep the listener and the stream filling its queue while it is used.
+    async fn hanging_url() -> (String, tokio::net::TcpListener, tokio::net::TcpStream) {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
         let listener = socket.listen(0).unwrap();
-        let _filler = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+        let filler = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        (format!("http://{}", listener.local_addr().unwrap()), listener, filler)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_waits_a_little_for_a_probe_under_way_then_marks() {
+        let (url, _listener, _filler) = hanging_url().await;
         let lease = Duration::from_secs(15);
         let probing = probe(&url, lease).expect("a probe");
         let started = tokio::time::Instant::now();
@@ -402,10 +407,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_release_long_after_a_probe_that_still_hangs_began_marks_at_once() {
-        let url = "http://10.0.0.2:8080";
-        reach().insert(url.into(), Reach::Probing(Instant::now() - 2 * PROBE_GRACE));
+        // A notice there would hang its timeout (1 s): the release does not send one.
+        let (url, _listener, _filler) = hanging_url().await;
+        reach().insert(url.clone(), Reach::Probing(Instant::now() - 2 * PROBE_GRACE));
         let started = tokio::time::Instant::now();
-        assert!(!written(&to(url), &notice(), Duration::from_secs(15)).await);
+        assert!(!written(&to(&url), &notice(), Duration::from_secs(15)).await);
         assert_eq!(started.elapsed(), Duration::ZERO);
     }
 
