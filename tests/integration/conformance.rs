@@ -383,6 +383,46 @@ async fn a_holder_that_stops_renewing_stops_before_the_next_grant() {
 }
 
 #[tokio::test]
+async fn a_waiter_whose_grant_lapsed_unseen_claims_anew() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    for kind in kinds() {
+        let ns = TestNs::new("conf-lapse").await;
+        let _controller = spawn_controller(&ns, "conf-lapse");
+        // A one-second lease: a grant not renewed is expired three seconds after it.
+        ns.lock("l", lock_spec(1, 1, None)).await;
+        let config = client_kubeconfig(&ns, None).await;
+        let mut holder = Driven::start(kind, &config, "l", &ns.pod("holder").await).await;
+        let mut waiter = Driven::start(kind, &config, "l", &ns.pod("waiter").await).await;
+        holder.send("acquire").await;
+        let (_, token, _) = holder.acquired(DEADLINE).await;
+        waiter.send("acquire").await;
+        let lock = ns.wait_lock("l", "the waiter queued", |l| queue(l).len() == 1).await;
+        let lapsed = lock.status.unwrap().queue[0].claim.clone();
+        // The waiter's process is paused (a frozen container, a long pause): its grant
+        // comes and expires unseen, the status events wait in its socket.
+        let pid = Pid::from_raw(waiter.child.id().unwrap() as i32);
+        kill(pid, Signal::SIGSTOP).unwrap();
+        holder.release().await;
+        ns.wait_lock("l", "the unseen grant expired", |l| {
+            holders(l).is_empty() && queue(l).is_empty() && l.status.as_ref().is_some_and(|s| s.fencing_token > token)
+        })
+        .await;
+        kill(pid, Signal::SIGCONT).unwrap();
+        // It reads its grant late, finds its claim gone as it renews before acting, and
+        // waits on with a new claim: never acted on, never an error.
+        let (_, next, claim) = waiter.acquired(DEADLINE).await;
+        assert_ne!(claim, lapsed, "{kind:?} acted on the grant that had lapsed");
+        assert!(
+            next > token + 1,
+            "{kind:?}: token {next} after the lapsed grant's {}",
+            token + 1
+        );
+        waiter.release().await;
+    }
+}
+
+#[tokio::test]
 async fn a_claim_tampered_with_before_it_was_recorded_is_withdrawn_never_acted_on() {
     for kind in kinds() {
         let ns = TestNs::new("conf-tamper").await;

@@ -75,7 +75,7 @@ impl Kube {
             let wrote = wait::claimed(&request, &session, &claim);
             let outcome = wait::wait_grant(&request, &mut events, (&session, &claim), (exists, &wrote)).await;
             let outcome = match outcome {
-                Ok(Outcome::Granted(token)) => hold(&session, &request.mode).await.map(|()| Outcome::Granted(token)),
+                Ok(Outcome::Granted(token)) => hold(&session, &request.mode, token).await,
                 other => other,
             };
             withdraw.disarm();
@@ -105,17 +105,23 @@ impl Kube {
 
 /// A waiter renews slowly: once granted, act only once its last write's deadline is
 /// ahead (within the caller's time limit, if any: past it the grant is given back).
-async fn hold(session: &Session, mode: &Mode) -> Result<(), Error> {
+/// A claim found gone meanwhile lapsed unseen (never acted on: claim anew); any other
+/// loss ends the acquisition.
+async fn hold(session: &Session, mode: &Mode, token: i64) -> Result<Outcome, Error> {
     let held = match mode {
         Mode::Until(at, _) => tokio::time::timeout_at(*at, session.hold())
             .await
             .map_err(|_| mode.timed_out())?,
         _ => session.hold().await,
     };
-    held.map_err(|reason| {
-        tracing::warn!(claim = session.claim, ?reason, "the claim was lost as it was granted");
-        Error::ClaimLost(session.claim.clone())
-    })
+    match held {
+        Ok(()) => Ok(Outcome::Granted(token)),
+        Err(LostReason::ClaimGone) => Ok(Outcome::Lapsed),
+        Err(reason) => {
+            tracing::warn!(claim = session.claim, ?reason, "the claim was lost as it was granted");
+            Err(Error::ClaimLost(session.claim.clone()))
+        }
+    }
 }
 
 /// After a grant with `token`: report the session lost as soon as the lock's status no

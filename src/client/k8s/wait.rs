@@ -28,6 +28,10 @@ pub(super) enum Outcome {
     Tampered(Tampered),
     /// The claim was queued, and a later status names it no more, ungranted.
     Dropped,
+    /// Granted, but the claim was gone before this process could act on the grant: it
+    /// saw the grant too late (paused, or its watch delayed) and the controller expired
+    /// the claim meanwhile. Never acted on.
+    Lapsed,
 }
 
 impl Outcome {
@@ -46,6 +50,11 @@ impl Outcome {
             // Dropped from the queue while its process waits (its claim expired or
             // hidden by someone who may patch Leases).
             Outcome::Dropped => tracing::warn!(claim, "the claim left the queue without a grant: claiming anew"),
+            // Its grant expired unseen; nothing ran under it, so the process waits on.
+            Outcome::Lapsed => tracing::warn!(
+                claim,
+                "the grant lapsed before this process could act on it (its claim is gone): claiming anew"
+            ),
             // Someone changed the claim before the controller recorded it: a grant under
             // that record is not this process's to act on (see `protocol::record`).
             Outcome::Tampered(field) => tracing::warn!(

@@ -301,8 +301,9 @@ class Lock:
                     wait = _Wait(self, claim, session, mode, exists, events, cancel)
                     outcome, token = wait.run()
                     wait.direct.stop()
+                    if outcome == "granted" and not self._hold(session, mode):
+                        outcome = "lapsed"
                     if outcome == "granted":
-                        self._hold(session, mode)
                         assert watch is not None
                         watch.set_check_every(p.renew_interval(lease))
                         held = _Held(session, claim, token, watch, events)
@@ -317,21 +318,32 @@ class Lock:
                     _withdraw(session, claim)
                     raise
                 _withdraw(session, claim)
-                if outcome in ("held-back", "dropped", "tampered") and mode.kind != "try":
+                if outcome in ("held-back", "dropped", "tampered", "lapsed") and mode.kind != "try":
                     continue
                 return None
         finally:
             if watch is not None:
                 watch.stop()
 
-    def _hold(self, session: Session, mode: _Mode) -> None:
+    def _hold(self, session: Session, mode: _Mode) -> bool:
+        """Hold a granted claim (renewing first if its last write is old): ``True`` once
+        it may act, ``False`` when its claim was found gone meanwhile (the grant lapsed
+        unseen, never acted on: the caller claims anew); any other loss raises."""
         try:
             session.hold(mode.until if mode.kind == "until" else None)
         except TimeoutError:
             raise mode.timed_out() from None
         except LookupError as e:
+            if e.args and e.args[0] == CLAIM_GONE:
+                log.warning(
+                    "claim %s: the grant lapsed before this process could act on it (its claim is gone): "
+                    "claiming anew",
+                    session.claim,
+                )
+                return False
             log.warning("claim %s was lost as it was granted (%s)", session.claim, e)
             raise ClaimLost(session.claim) from None
+        return True
 
 
 def _tell(events: "queue.Queue[Tuple[str, Any]]", claim: str) -> Callable[[str], None]:
