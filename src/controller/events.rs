@@ -1,8 +1,8 @@
 //! Kubernetes events of every backend: on the lock for its grants, releases and
 //! revocations (naming the claim), Warning events on bad claims and on the lock itself,
 //! each within its budget ([`crate::controller::budget`]; one over is counted as
-//! suppressed). Best effort, in tasks of their own, [`EVENT_DELAY`] after the write
-//! they report: the status is the truth, and a failed event changes no one's grant.
+//! suppressed). Best effort, in tasks of their own: the status is the truth, and a
+//! failed event changes no one's grant.
 
 use std::sync::Arc;
 
@@ -14,13 +14,6 @@ use kube::{Resource, ResourceExt};
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::decide::ActionKind;
-
-/// How long after its status write a grant's, release's or revocation's events go out:
-/// at the moment of the write the API server is fanning the new status out to every
-/// waiter and the next holder is starting; an event (an API write) then competes with
-/// that handoff for the same CPU (the fallback handoff's median, four alternating runs
-/// each: 4.22x `etcdctl lock` with events at once, 3.87x with them 100 ms later).
-pub const EVENT_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How many bad claims one reconcile logs one by one; the rest it counts in one line.
 pub const MAX_WARNINGS_LOGGED: usize = 16;
@@ -34,12 +27,7 @@ pub fn publish_actions(ctx: &Arc<Context>, lock: &DistributedLock, actions: Vec<
     tokio::spawn(async move { publish_events(&ctx, &lock, &actions).await });
 }
 
-/// Publish the events of `actions` on `lock`, [`EVENT_DELAY`] from now.
 pub(crate) async fn publish_events(ctx: &Context, lock: &DistributedLock, actions: &[crate::decide::Action]) {
-    if actions.is_empty() {
-        return;
-    }
-    tokio::time::sleep(EVENT_DELAY).await;
     let ns = lock.namespace().unwrap_or_default();
     let reference = lock.object_ref(&());
     for a in actions {
