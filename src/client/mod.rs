@@ -103,8 +103,10 @@ pub enum Error {
         /// Why.
         reason: crate::api::RefuseReason,
     },
-    /// The claim was deleted before any controller queued it: most likely by the garbage
-    /// collector, because its ownerReference names no existing pod.
+    /// Two claims in a row (a try's one) were deleted before any status the client read
+    /// placed them: by the garbage collector, because their ownerReference names no
+    /// existing pod (one such claim is claimed anew: a paused process may find its
+    /// claim granted and expired unread).
     #[error(
         "the claim Lease {claim} was deleted before any controller queued it: the garbage collector deletes a claim whose \
          ownerReference names no existing pod, so POD_NAME ({pod}) and POD_UID ({uid}) must be this pod's own (give them \

@@ -56,6 +56,23 @@ pub const WAIT_LEASE: Duration = Duration::from_secs(240);
 /// HTTP/2 PINGs within seconds, at no request. A holder reads every [`renew_interval`].
 pub const WAIT_CHECK: Duration = Duration::from_secs(600);
 
+/// The longest pause before a client claims anew within one acquisition
+/// ([`claim_anew_pause`]).
+pub const CLAIM_ANEW_MAX: Duration = Duration::from_secs(5);
+
+/// How long a client pauses before the `n`th claim of one acquisition (0: its first).
+/// None before the first two: a claim dropped, lapsed, held back or tampered with once
+/// is claimed anew at once. From the third on, 100 ms doubling up to
+/// [`CLAIM_ANEW_MAX`]: a claim that keeps going (someone who may write Leases deleting
+/// each one, an API server answering "gone" to every renewal) costs a create every few
+/// seconds, not a loop at the API server's pace.
+pub fn claim_anew_pause(n: u32) -> Duration {
+    match n.checked_sub(2) {
+        None => Duration::ZERO,
+        Some(k) => Duration::from_millis(100u64.saturating_mul(1u64 << k.min(16))).min(CLAIM_ANEW_MAX),
+    }
+}
+
 /// How long the API server keeps a client's watch of its lock open before ending it
 /// (the client then watches again from where it was: one request).
 pub const WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
@@ -200,6 +217,18 @@ mod tests {
         let sent = Duration::ZERO;
         let seen = sent + seen_after;
         command_dead_by(sent, lease) < controller_expiry(seen, spec, lease)
+    }
+
+    #[test]
+    fn claims_anew_at_once_twice_then_ever_more_slowly_up_to_the_cap() {
+        assert_eq!(claim_anew_pause(0), Duration::ZERO);
+        assert_eq!(claim_anew_pause(1), Duration::ZERO);
+        assert_eq!(claim_anew_pause(2), Duration::from_millis(100));
+        assert_eq!(claim_anew_pause(3), Duration::from_millis(200));
+        let pauses: Vec<_> = (0..200).map(claim_anew_pause).collect();
+        assert!(pauses.windows(2).all(|w| w[0] <= w[1]), "{pauses:?}");
+        assert_eq!(pauses[199], CLAIM_ANEW_MAX);
+        assert_eq!(claim_anew_pause(u32::MAX), CLAIM_ANEW_MAX);
     }
 
     #[test]

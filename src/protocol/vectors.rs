@@ -113,6 +113,19 @@ fn timing_rules_give_the_vectors_durations() {
     assert_eq!(constants["WAIT_CHECK"], ms(timing::WAIT_CHECK));
     assert_eq!(constants["WATCH_TIMEOUT"], ms(timing::WATCH_TIMEOUT));
     assert_eq!(v["timing"]["MAX_LEASE_SECONDS"], timing::MAX_LEASE_SECONDS);
+    assert_eq!(constants["CLAIM_ANEW_MAX"], ms(timing::CLAIM_ANEW_MAX));
+    for (n, pause) in v["timing"]["claim_anew_pause_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(
+            pause.as_u64(),
+            Some(ms(timing::claim_anew_pause(n as u32))),
+            "claim {n}"
+        );
+    }
     for case in v["timing"]["cases"].as_array().unwrap() {
         let secs = case["lease_seconds"].as_u64().unwrap();
         let lease = Duration::from_secs(secs);

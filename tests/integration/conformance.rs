@@ -226,6 +226,20 @@ fn lock_spec(lease: i32, max_holders: i32, max_queue: Option<i32>) -> Distribute
 }
 
 /// The claim Leases of `lock`, oldest first.
+/// A holder (driven with kubeconfig `configs.0`) granted lock `l` (its token and claim),
+/// and a waiter (with `configs.1`) ready to claim it.
+async fn holder_and_waiter(
+    kind: Kind,
+    ns: &TestNs,
+    configs: (&std::path::Path, &std::path::Path),
+) -> (Driven, (i64, String), Driven) {
+    let mut holder = Driven::start(kind, configs.0, "l", &ns.pod("holder").await).await;
+    let waiter = Driven::start(kind, configs.1, "l", &ns.pod("waiter").await).await;
+    holder.send("acquire").await;
+    let (_, token, claim) = holder.acquired(DEADLINE).await;
+    (holder, (token, claim), waiter)
+}
+
 async fn claims(ns: &TestNs, lock: &str) -> Vec<Lease> {
     let leases: Api<Lease> = Api::namespaced(ns.client.clone(), &ns.name);
     let mut all = leases
@@ -359,10 +373,7 @@ async fn a_holder_that_stops_renewing_stops_before_the_next_grant() {
         let (proxy, proxied) = crate::support::proxied_kubeconfig(&dir).await;
         let holder_config = client_kubeconfig(&ns, Some(&proxied)).await;
         let config = client_kubeconfig(&ns, None).await;
-        let mut holder = Driven::start(kind, &holder_config, "l", &ns.pod("holder").await).await;
-        let mut waiter = Driven::start(kind, &config, "l", &ns.pod("waiter").await).await;
-        holder.send("acquire").await;
-        let (_, token, _) = holder.acquired(DEADLINE).await;
+        let (mut holder, (token, _), mut waiter) = holder_and_waiter(kind, &ns, (&holder_config, &config)).await;
         waiter.send("acquire").await;
         ns.wait_lock("l", "the waiter queued", |l| queue(l).len() == 1).await;
         // The holder's every connection hangs from now on: no renewal, no watch event.
@@ -392,10 +403,7 @@ async fn a_waiter_whose_grant_lapsed_unseen_claims_anew() {
         // A one-second lease: a grant not renewed is expired three seconds after it.
         ns.lock("l", lock_spec(1, 1, None)).await;
         let config = client_kubeconfig(&ns, None).await;
-        let mut holder = Driven::start(kind, &config, "l", &ns.pod("holder").await).await;
-        let mut waiter = Driven::start(kind, &config, "l", &ns.pod("waiter").await).await;
-        holder.send("acquire").await;
-        let (_, token, _) = holder.acquired(DEADLINE).await;
+        let (mut holder, (token, _), mut waiter) = holder_and_waiter(kind, &ns, (&config, &config)).await;
         waiter.send("acquire").await;
         let lock = ns.wait_lock("l", "the waiter queued", |l| queue(l).len() == 1).await;
         let lapsed = lock.status.unwrap().queue[0].claim.clone();
@@ -418,6 +426,51 @@ async fn a_waiter_whose_grant_lapsed_unseen_claims_anew() {
             "{kind:?}: token {next} after the lapsed grant's {}",
             token + 1
         );
+        waiter.release().await;
+    }
+}
+
+#[tokio::test]
+async fn a_waiter_paused_before_any_status_placed_it_claims_anew_not_collected() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    for kind in kinds() {
+        let ns = TestNs::new("conf-unread").await;
+        let controller = spawn_controller(&ns, "conf-unread");
+        ns.lock("l", lock_spec(1, 1, None)).await;
+        let config = client_kubeconfig(&ns, None).await;
+        let (mut holder, (token, held), mut waiter) = holder_and_waiter(kind, &ns, (&config, &config)).await;
+        // No controller while the waiter claims: no status places its claim before the
+        // waiter's process is paused (a frozen container), so it has read none.
+        controller.stop().await;
+        waiter.send("acquire").await;
+        let unread = wait_for("the waiter's claim", DEADLINE, || async {
+            claims(&ns, "l")
+                .await
+                .into_iter()
+                .map(|l| l.name_any())
+                .find(|c| *c != held)
+        })
+        .await;
+        let pid = Pid::from_raw(waiter.child.id().unwrap() as i32);
+        kill(pid, Signal::SIGSTOP).unwrap();
+        let paused_at = tokio::time::Instant::now();
+        let _controller = spawn_controller(&ns, "conf-unread");
+        holder.release().await;
+        // Placed, granted and expired unseen, its statuses waiting in its socket...
+        ns.wait_lock("l", "the unseen grant expired", |l| {
+            holders(l).is_empty() && queue(l).is_empty() && l.status.as_ref().is_some_and(|s| s.fencing_token > token)
+        })
+        .await;
+        // ...and paused past the time at which an unplaced claim is read back: the
+        // length of the pause is the case, not a synchronisation.
+        tokio::time::sleep_until(paused_at + leasehold::client::UNQUEUED_NOTICE).await;
+        kill(pid, Signal::SIGCONT).unwrap();
+        // Its claim is gone and no status it read placed it: not a claim collected for
+        // naming no pod (this pod exists), so it waits on with a new claim.
+        let (_, next, claim) = waiter.acquired(DEADLINE).await;
+        assert_ne!(claim, unread, "{kind:?} acted on the grant that had lapsed");
+        assert!(next > token + 1, "{kind:?}: token {next} after the lapsed grant's");
         waiter.release().await;
     }
 }

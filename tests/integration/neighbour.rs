@@ -292,6 +292,55 @@ async fn a_waiter_whose_claim_a_neighbour_hid_claims_anew_and_is_not_lost() {
     g.release().await.unwrap();
 }
 
+/// A neighbour hiding every new claim of a waiter keeps it from the queue (its Role
+/// may), but the waiter claims anew ever more slowly (`claim_anew_pause`), not at the
+/// API server's pace, and is granted once the neighbour stops.
+#[tokio::test]
+async fn a_neighbour_hiding_each_new_claim_slows_the_waiter_down_not_into_a_loop() {
+    use leasehold::protocol::timing::claim_anew_pause;
+    let ns = TestNs::new("nb-again").await;
+    let neighbour = ns.as_lock_user().await;
+    let _c = spawn_controller(&ns, "nb-again");
+    let (held, waiting, first) = b_waits_behind_a(&ns, 15).await;
+    let mut hidden = vec![first];
+    let strip = serde_json::json!({"metadata": {"labels": {LOCK_LABEL: null}}});
+    let mut hid_at = tokio::time::Instant::now();
+    neighbour_patch(&neighbour, &ns, &hidden[0], strip.clone()).await;
+    for n in 1..7u32 {
+        let l = ns
+            .wait_lock("l", "b queued with a new claim", |l| {
+                l.status
+                    .as_ref()
+                    .is_some_and(|s| s.queue.len() == 1 && !hidden.contains(&s.queue[0].claim))
+            })
+            .await;
+        let waited = hid_at.elapsed();
+        assert!(
+            waited >= claim_anew_pause(n),
+            "claim {n} came {waited:?} after the last was hidden, before its pause of {:?}",
+            claim_anew_pause(n)
+        );
+        assert!(
+            !waiting.is_finished(),
+            "b's acquire ended while it was kept from the queue"
+        );
+        hidden.push(l.status.unwrap().queue[0].claim.clone());
+        hid_at = tokio::time::Instant::now();
+        neighbour_patch(&neighbour, &ns, hidden.last().unwrap(), strip.clone()).await;
+    }
+    // The neighbour stops: b's next claim is queued and granted.
+    ns.wait_lock("l", "b queued again", |l| {
+        l.status
+            .as_ref()
+            .is_some_and(|s| s.queue.len() == 1 && !hidden.contains(&s.queue[0].claim))
+    })
+    .await;
+    held.release().await.unwrap();
+    let g = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap().unwrap();
+    assert!(!hidden.iter().any(|c| c == g.claim()));
+    g.release().await.unwrap();
+}
+
 /// Issue #41, item 1 (two holders at once, 2 s): while b's claim was new (no controller
 /// running), the neighbour removed its lease; the lock's lease was then lowered to 1 s.
 /// b was recorded without a lease, its client took that for an older controller's

@@ -91,6 +91,9 @@ def test_timing_constants():
     assert p.WAIT_CHECK * 1000 == c["WAIT_CHECK"]
     assert p.WATCH_TIMEOUT * 1000 == c["WATCH_TIMEOUT"]
     assert VECTORS["timing"]["MAX_LEASE_SECONDS"] == p.MAX_LEASE_SECONDS
+    assert p.CLAIM_ANEW_MAX * 1000 == c["CLAIM_ANEW_MAX"]
+    for n, pause in enumerate(VECTORS["timing"]["claim_anew_pause_ms"]):
+        assert round(p.claim_anew_pause(n) * 1000) == pause, n
 
 
 def test_the_timing_inequality_holds_at_every_lease():

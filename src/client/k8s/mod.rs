@@ -30,7 +30,7 @@ use super::{Error, State};
 use crate::api::{DEFAULT_LEASE_DURATION_SECONDS, DistributedLock};
 use crate::protocol::record::Claimed;
 use crate::protocol::still_grants;
-use crate::protocol::timing::{WAIT_CHECK, renew_interval};
+use crate::protocol::timing::{WAIT_CHECK, claim_anew_pause, renew_interval};
 
 /// The Lease backend: reads the lock with `client`, writes claims with `writes`.
 #[derive(Clone)]
@@ -67,7 +67,9 @@ impl Kube {
         // holder every renewal interval.
         let lease = Duration::from_secs(secs.max(1) as u64);
         let mut events = LockWatch::start(locks, request.name, WAIT_CHECK);
+        let mut anew = ClaimsAnew::default();
         loop {
+            anew.pause(&request.mode).await?;
             let (claim, session, renewal) = lease::create(leases.clone(), request.name, request.identity, secs).await?;
             let given_up: Arc<dyn Claim> = claim.clone();
             // If this future is dropped from here on, the claim is withdrawn.
@@ -91,8 +93,12 @@ impl Kube {
                         claim,
                     }));
                 }
-                Ok(again) if again.claims_anew(&session.claim) && !matches!(request.mode, Mode::Try) => {
+                Ok(again) if again.claims_anew(&session.claim) => {
                     withdraw_now(&session, given_up.as_ref()).await;
+                    anew.ended(&again, &request, &session)?;
+                    if matches!(request.mode, Mode::Try) {
+                        return Ok(None); // a try does not wait on
+                    }
                 }
                 other => {
                     withdraw_now(&session, given_up.as_ref()).await;
@@ -100,6 +106,54 @@ impl Kube {
                 }
             }
         }
+    }
+}
+
+/// The claims of one acquisition that ended without a grant, to claim anew after.
+#[derive(Default)]
+struct ClaimsAnew {
+    /// Claims made so far.
+    made: u32,
+    /// Whether the last one vanished unplaced ([`Outcome::Vanished`]).
+    vanished: bool,
+}
+
+impl ClaimsAnew {
+    /// Before a claim: pause as [`claim_anew_pause`] says, ending the acquisition if
+    /// the caller's time runs out first.
+    async fn pause(&mut self, mode: &Mode) -> Result<(), Error> {
+        let pause = claim_anew_pause(self.made);
+        self.made = self.made.saturating_add(1);
+        if pause.is_zero() {
+            return Ok(());
+        }
+        let until = tokio::time::Instant::now() + pause;
+        match mode {
+            Mode::Until(at, _) if *at <= until => {
+                tokio::time::sleep_until(*at).await;
+                Err(mode.timed_out())
+            }
+            _ => {
+                tokio::time::sleep_until(until).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// A claim ended with `outcome`, to be claimed anew: a second claim in a row gone
+    /// unplaced (or a try's, which does not claim anew) was garbage-collected, its pod
+    /// named wrongly.
+    fn ended(&mut self, outcome: &Outcome, request: &Request<'_>, session: &Session) -> Result<(), Error> {
+        let vanished = matches!(outcome, Outcome::Vanished);
+        if vanished && (self.vanished || matches!(request.mode, Mode::Try)) {
+            return Err(Error::ClaimCollected {
+                claim: session.claim.clone(),
+                pod: request.identity.name.clone(),
+                uid: request.identity.uid.clone(),
+            });
+        }
+        self.vanished = vanished;
+        Ok(())
     }
 }
 
@@ -183,4 +237,26 @@ fn checked(lock: &DistributedLock, claim: &str, wrote: &Claimed) -> Result<(), c
 
 fn grants(lock: &DistributedLock, claim: &str, token: i64) -> bool {
     lock.status.as_ref().is_some_and(|s| still_grants(s, claim, token))
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::time::Instant;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn claims_anew_pause_as_the_rule_says_and_end_at_the_callers_deadline() {
+        let mut anew = ClaimsAnew::default();
+        let started = Instant::now();
+        for _ in 0..3 {
+            anew.pause(&Mode::Wait).await.unwrap();
+        }
+        assert_eq!(started.elapsed(), claim_anew_pause(2));
+        // The fourth claim's pause (200 ms) would end past the caller's deadline.
+        let at = Instant::now() + Duration::from_millis(150);
+        let ended = anew.pause(&Mode::Until(at, Duration::from_secs(1))).await;
+        assert!(matches!(ended, Err(Error::Timeout(_))), "{ended:?}");
+        assert_eq!(Instant::now(), at);
+    }
 }

@@ -32,6 +32,11 @@ pub(super) enum Outcome {
     /// saw the grant too late (paused, or its watch delayed) and the controller expired
     /// the claim meanwhile. Never acted on.
     Lapsed,
+    /// The claim was gone by the notice time, and no status read had placed it:
+    /// garbage-collected (its ownerReference names no existing pod), or placed, granted
+    /// and expired while this process read nothing (paused). Claimed anew once; a
+    /// second in a row is [`Error::ClaimCollected`].
+    Vanished,
 }
 
 impl Outcome {
@@ -54,6 +59,11 @@ impl Outcome {
             Outcome::Lapsed => tracing::warn!(
                 claim,
                 "the grant lapsed before this process could act on it (its claim is gone): claiming anew"
+            ),
+            Outcome::Vanished => tracing::warn!(
+                claim,
+                "the claim is gone though no status read placed it (garbage-collected, or granted and expired \
+                 while this process read nothing): claiming anew, once"
             ),
             // Someone changed the claim before the controller recorded it: a grant under
             // that record is not this process's to act on (see `protocol::record`).
@@ -196,8 +206,10 @@ impl Wait<'_> {
     /// Unplaced (or refused) since the notice time: read the claim. Changed since this
     /// process made it: someone else's doing (the controller refuses or ignores it for
     /// that), so claim anew. Gone: a claim naming no existing pod is soon
-    /// garbage-collected, maybe before its refusal was listed. `Some` when that ends
-    /// the wait.
+    /// garbage-collected, maybe before its refusal was listed; but so is a claim
+    /// granted and expired while this process was paused, its statuses unread (the
+    /// notice time may come first when it resumes): [`Outcome::Vanished`]. `Some` when
+    /// that ends the wait.
     async fn notice_due(&mut self) -> Option<Result<Outcome, Error>> {
         match self.claim.stored().await {
             Some(Some(stored)) => {
@@ -207,11 +219,8 @@ impl Wait<'_> {
                 }
             }
             Some(None) if self.refused.is_none() => {
-                return Some(Err(Error::ClaimCollected {
-                    claim: self.claim_name().to_string(),
-                    pod: self.request.identity.name.clone(),
-                    uid: self.request.identity.uid.clone(),
-                }));
+                self.direct.stop();
+                return Some(Ok(Outcome::Vanished));
             }
             _ => {}
         }

@@ -75,7 +75,8 @@ class Refused(LeaseholdError):
 
 
 class ClaimCollected(LeaseholdError):
-    """The claim was deleted before any controller queued it (its pod is not this one)."""
+    """Two claims in a row (a try's one) were deleted before any status placed them:
+    garbage-collected, their pod is not this one."""
 
     def __init__(self, claim: str, pod: str, uid: str) -> None:
         super().__init__(

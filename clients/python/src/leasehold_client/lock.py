@@ -283,14 +283,19 @@ class Lock:
         secs = int(((lock or {}).get("spec") or {}).get("leaseDurationSeconds") or p.DEFAULT_LEASE_SECONDS)
         lease = float(max(secs, 1))
         events: "queue.Queue[Tuple[str, Any]]" = queue.Queue()
+        cancelled = threading.Event()
         if cancel is not None:
             cancel.on_cancel(lambda: events.put(("cancel", None)))
+            cancel.on_cancel(cancelled.set)
         # Watch first, so no status change between create and watch is missed. A waiter
         # reads afresh only rarely (a request a minute in all, see WAIT_CHECK); a holder
         # every renewal interval.
         watch: Optional[_kube.LockWatch] = _kube.LockWatch(self._locks, self.namespace, self.name, p.WAIT_CHECK, events.put)
+        made, vanished = 0, False
         try:
             while True:
+                _pause_before_claim(made, mode, cancelled)
+                made += 1
                 claim, sent = _kube.KubeClaim.create(self._leases, self.name, self.identity, secs)
                 # From here on, whatever fails withdraws the claim (or gives the grant back).
                 session: Optional[Session] = None
@@ -318,7 +323,12 @@ class Lock:
                     _withdraw(session, claim)
                     raise
                 _withdraw(session, claim)
-                if outcome in ("held-back", "dropped", "tampered", "lapsed") and mode.kind != "try":
+                # A second claim in a row gone unplaced (or a try's, which does not claim
+                # anew) was garbage-collected: its pod is named wrongly.
+                if outcome == "vanished" and (vanished or mode.kind == "try"):
+                    raise ClaimCollected(claim.name, self.identity.name, self.identity.uid)
+                vanished = outcome == "vanished"
+                if outcome in ("held-back", "dropped", "tampered", "lapsed", "vanished") and mode.kind != "try":
                     continue
                 return None
         finally:
@@ -344,6 +354,21 @@ class Lock:
             log.warning("claim %s was lost as it was granted (%s)", session.claim, e)
             raise ClaimLost(session.claim) from None
         return True
+
+
+def _pause_before_claim(n: int, mode: _Mode, cancelled: threading.Event) -> None:
+    """Before the ``n``-th claim of one acquisition: pause as ``claim_anew_pause`` says,
+    raising if the caller's time runs out (or the acquire is cancelled) first."""
+    pause = p.claim_anew_pause(n)
+    if pause <= 0:
+        return
+    until = time.monotonic() + pause
+    if mode.kind == "until" and mode.until is not None and mode.until <= until:
+        if cancelled.wait(max(0.0, mode.until - time.monotonic())):
+            raise Cancelled("the acquire was cancelled")
+        raise mode.timed_out()
+    if cancelled.wait(pause):
+        raise Cancelled("the acquire was cancelled")
 
 
 def _tell(events: "queue.Queue[Tuple[str, Any]]", claim: str) -> Callable[[str], None]:
@@ -408,7 +433,7 @@ class _Wait:
 
     def run(self) -> Tuple[str, int]:
         """Wait until the claim is granted (``("granted", token)``) or the wait ends
-        otherwise (``would-block``, ``held-back``, ``tampered``, ``dropped``)."""
+        otherwise (``would-block``, ``held-back``, ``tampered``, ``dropped``, ``vanished``)."""
         while True:
             # The deadlines first: a steady stream of events must not postpone them.
             now = time.monotonic()
@@ -517,7 +542,16 @@ class _Wait:
                 self.direct.stop()
                 return ("tampered", 0)
         elif readable and self.refused is None:
-            raise ClaimCollected(self.claim.name, self.lock.identity.name, self.lock.identity.uid)
+            # Gone, and no status read placed it: garbage-collected (its pod named
+            # wrongly), or granted and expired while this process read nothing (paused;
+            # the notice time may come first when it resumes). Claimed anew once.
+            self.direct.stop()
+            log.warning(
+                "claim %s is gone though no status read placed it (garbage-collected, or granted and "
+                "expired while this process read nothing): claiming anew, once",
+                self.claim.name,
+            )
+            return ("vanished", 0)
         if self.refused is not None:
             raise Refused(self.lock.name, self.claim.name, self.refused)
         log.warning(

@@ -57,6 +57,8 @@ WATCH_TIMEOUT = 1800.0
 UNQUEUED_NOTICE = 5.0
 #: How long ``try_acquire`` waits for the controller to place its claim.
 TRY_ACQUIRE_TIMEOUT = 30.0
+#: The longest pause before claiming anew within one acquisition.
+CLAIM_ANEW_MAX = 5.0
 
 
 def safety_margin(lease: float) -> float:
@@ -97,6 +99,15 @@ def client_stop_by(sent: float, lease: float) -> float:
 def may_hold(now: float, valid_until: float, lease: float) -> bool:
     """Whether a granted claim may start acting: its deadline a margin ahead."""
     return now + safety_margin(lease) < valid_until
+
+
+def claim_anew_pause(n: int) -> float:
+    """How long to pause before the ``n``-th claim of one acquisition (0: the first):
+    none before the first two, then 100 ms doubling up to ``CLAIM_ANEW_MAX``, so a
+    claim that keeps going costs a create every few seconds, not a loop."""
+    if n < 2:
+        return 0.0
+    return min(0.1 * 2 ** min(n - 2, 16), CLAIM_ANEW_MAX)
 
 
 def release_budget(lease: float) -> float:
