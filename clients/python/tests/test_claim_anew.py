@@ -12,11 +12,16 @@ from leasehold_client.lock import Cancelled, _Mode, _pause_before_claim
 
 
 def test_the_first_two_claims_are_made_at_once():
-    never = threading.Event()
-    started = time.monotonic()
-    _pause_before_claim(0, _Mode("wait"), never)
-    _pause_before_claim(1, _Mode("wait"), never)
-    assert time.monotonic() - started < 0.05
+    assert p.claim_anew_pause(0) == p.claim_anew_pause(1) == 0
+    _pause_before_claim(0, _Mode("wait"), threading.Event())
+    _pause_before_claim(1, _Mode("wait"), threading.Event())
+
+
+def test_a_cancel_before_a_claim_ends_the_acquire_without_it():
+    cancelled = threading.Event()
+    cancelled.set()
+    with pytest.raises(Cancelled):
+        _pause_before_claim(0, _Mode("wait"), cancelled)
 
 
 def test_the_third_claim_waits_its_pause():
@@ -26,11 +31,12 @@ def test_the_third_claim_waits_its_pause():
 
 
 def test_a_pause_past_the_callers_deadline_times_out_at_the_deadline():
-    mode = _Mode("until", 0.2)
     started = time.monotonic()
+    mode = _Mode("until", 0.2)
     with pytest.raises(Timeout):
         _pause_before_claim(8, mode, threading.Event())  # a 5 s pause
-    assert 0.2 <= time.monotonic() - started < 2.0
+    assert mode.until is not None and time.monotonic() >= mode.until
+    assert time.monotonic() - started < 2.0
 
 
 def test_a_cancel_ends_the_pause():

@@ -63,7 +63,7 @@ impl Outcome {
             Outcome::Vanished => tracing::warn!(
                 claim,
                 "the claim is gone though no status read placed it (garbage-collected, or granted and expired \
-                 while this process read nothing): claiming anew, once"
+                 while this process read nothing): claiming anew (a second such claim in a row, or a try's, is an error)"
             ),
             // Someone changed the claim before the controller recorded it: a grant under
             // that record is not this process's to act on (see `protocol::record`).

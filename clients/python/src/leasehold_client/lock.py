@@ -359,6 +359,8 @@ class Lock:
 def _pause_before_claim(n: int, mode: _Mode, cancelled: threading.Event) -> None:
     """Before the ``n``-th claim of one acquisition: pause as ``claim_anew_pause`` says,
     raising if the caller's time runs out (or the acquire is cancelled) first."""
+    if cancelled.is_set():
+        raise Cancelled("the acquire was cancelled")
     pause = p.claim_anew_pause(n)
     if pause <= 0:
         return
@@ -548,7 +550,7 @@ class _Wait:
             self.direct.stop()
             log.warning(
                 "claim %s is gone though no status read placed it (garbage-collected, or granted and "
-                "expired while this process read nothing): claiming anew, once",
+                "expired while this process read nothing): claiming anew (a second such claim in a row, or a try's, is an error)",
                 self.claim.name,
             )
             return ("vanished", 0)
