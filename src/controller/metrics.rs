@@ -88,6 +88,8 @@ pub struct Metrics {
     pub notices: Family<CategoryLabels, Counter>,
     /// Successors told of their grant before its status write.
     pub direct_grants: Counter,
+    /// Successors' grants written on their claims, as the claims asked.
+    pub claim_grants: Counter,
     /// Successors waiting here to be told of their grant.
     pub successors_waiting: Gauge,
     /// 1 while this replica leads (or runs without election), else 0.
@@ -166,6 +168,12 @@ impl Default for Metrics {
                 &mut r,
                 "direct_grants",
                 "Successors told of their grant directly, before its status write",
+                Counter::default(),
+            ),
+            claim_grants: add(
+                &mut r,
+                "claim_grants",
+                "Successors' grants written on their claims (not told over HTTP), before the status write",
                 Counter::default(),
             ),
             successors_waiting: add(

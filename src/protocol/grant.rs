@@ -92,6 +92,23 @@ impl Grant<'_> {
     pub fn verify(&self, public_key: &str, signature: &str) -> bool {
         verify(public_key, &self.message(), signature)
     }
+
+    /// The value of [`super::DIRECT_GRANT_ANNOTATION`] that tells this grant on the
+    /// claim: the token, a space, the signature (hex).
+    pub fn annotation(&self, signature: &str) -> String {
+        format!("{} {signature}", self.fencing_token)
+    }
+
+    /// Whether the annotation `value` on the claim tells this grant: its token, signed
+    /// by the key published as `public_key`. The same trust as a direct grant over HTTP:
+    /// anyone who may patch Leases can write the annotation, none but the controller
+    /// can sign it.
+    pub fn told_by_annotation(&self, public_key: &str, value: &str) -> bool {
+        let Some((token, signature)) = value.split_once(' ') else {
+            return false;
+        };
+        token == self.fencing_token.to_string() && self.verify(public_key, signature)
+    }
 }
 
 /// A release notice answered as written ([`super::notice::WRITTEN`]), as signed: a
@@ -267,6 +284,33 @@ mod tests {
             !w.verify(&key.public(), &key.sign(&g)),
             "a grant's signature is no written answer"
         );
+    }
+
+    #[test]
+    fn a_grant_on_the_claim_is_told_only_with_its_token_and_its_signers_signature() {
+        let key = GrantKey::generate();
+        let g = grant();
+        let value = g.annotation(&key.sign(&g));
+        assert!(g.told_by_annotation(&key.public(), &value));
+        let other = Grant {
+            fencing_token: g.fencing_token + 1,
+            ..g.clone()
+        };
+        let forger = GrantKey::generate();
+        for (what, value) in [
+            (
+                "another token, the same signature",
+                value.replacen(&g.fencing_token.to_string(), "8", 1),
+            ),
+            ("another token, signed", other.annotation(&key.sign(&other))),
+            ("another key", g.annotation(&forger.sign(&g))),
+            ("no signature", g.fencing_token.to_string()),
+            ("empty", String::new()),
+            ("two spaces", format!("{} {}", g.fencing_token, value)),
+            ("a token written otherwise", format!("+{value}")),
+        ] {
+            assert!(!g.told_by_annotation(&key.public(), &value), "{what}");
+        }
     }
 
     #[test]

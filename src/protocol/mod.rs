@@ -110,6 +110,17 @@ pub const REQUESTED_AT_ANNOTATION: &str = "leasehold.dev/requested-at";
 /// lives by *while it waits* ([`timing::wait_lease`]; it renews every third of it). Once
 /// granted it lives by `spec.leaseDurationSeconds`. Absent: the claim's own lease.
 pub const WAIT_LEASE_ANNOTATION: &str = "leasehold.dev/wait-lease-seconds";
+/// Annotation a client sets on its claim at creation (`"true"`) when it watches its own
+/// claim while designated, so that the controller writes a direct grant there
+/// ([`DIRECT_GRANT_ANNOTATION`]) when it cannot tell it over HTTP. Absent: the
+/// controller writes none (the client learns its grant from the status).
+pub const GRANT_WATCH_ANNOTATION: &str = "leasehold.dev/grant-watch";
+/// Annotation the controller writes on a designated successor's claim that asked for
+/// it ([`GRANT_WATCH_ANNOTATION`]) when the successor was not told of its grant over
+/// HTTP: `"<token> <signature>"`, the direct grant as signed ([`grant::Grant`]). Anyone
+/// who may patch Leases can write it; a client trusts it only as it trusts a direct
+/// grant over HTTP (see [`grant::Grant::told_by_annotation`]).
+pub const DIRECT_GRANT_ANNOTATION: &str = "leasehold.dev/direct-grant";
 /// Annotation earlier (unreleased) builds of the controller stamped on a holder's claim
 /// when the lock was deleted. No controller writes it now and none trusts it: anyone
 /// who may patch Leases could write it (a stamped claim once held a lock for an hour,

@@ -54,6 +54,24 @@ fn release_secrets_hash_and_prove_as_the_vectors_say() {
 }
 
 #[test]
+fn a_grant_on_a_claim_is_told_as_the_vectors_say() {
+    let v = vectors();
+    let (set, f) = (&v["claim_grant"], &v["claim_grant"]["fields"]);
+    let grant = Grant {
+        namespace: s(&f["namespace"]),
+        lock: s(&f["lock"]),
+        lock_uid: s(&f["lock_uid"]),
+        claim: s(&f["claim"]),
+        fencing_token: f["fencing_token"].as_i64().unwrap(),
+    };
+    let key = s(&v["grant_signature"]["public_key"]);
+    for case in set["cases"].as_array().unwrap() {
+        let told = grant.told_by_annotation(key, s(&case["value"]));
+        assert_eq!(told, case["told"], "{case}");
+    }
+}
+
+#[test]
 fn grant_and_written_signatures_are_the_vectors_bytes_and_signatures() {
     let v = vectors();
     for (kind, grant) in [("grant_signature", true), ("written_signature", false)] {

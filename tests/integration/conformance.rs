@@ -225,7 +225,6 @@ fn lock_spec(lease: i32, max_holders: i32, max_queue: Option<i32>) -> Distribute
     }
 }
 
-/// The claim Leases of `lock`, oldest first.
 /// A holder (driven with kubeconfig `configs.0`) granted lock `l` (its token and claim),
 /// and a waiter (with `configs.1`) ready to claim it.
 async fn holder_and_waiter(
@@ -240,6 +239,7 @@ async fn holder_and_waiter(
     (holder, (token, claim), waiter)
 }
 
+/// The claim Leases of `lock`, oldest first.
 async fn claims(ns: &TestNs, lock: &str) -> Vec<Lease> {
     let leases: Api<Lease> = Api::namespaced(ns.client.clone(), &ns.name);
     let mut all = leases
@@ -359,6 +359,150 @@ async fn each_client_releases_by_notice_where_one_is_published_and_by_mark_where
             }
         );
         waiter.release().await;
+    }
+}
+
+/// Let `user` do in `ns` what the controller does (the chart's rules), lock status
+/// writes only if `status_writes`; and read the CRD.
+async fn controller_rbac(ns: &TestNs, user: &str, status_writes: bool) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    let rule = |group: &str, resource: &str, verbs: &[&str]| json!({"apiGroups": [group], "resources": [resource], "verbs": verbs});
+    let mut rules = vec![
+        rule("leasehold.dev", "distributedlocks", &["get", "list", "watch", "patch"]),
+        rule(
+            "coordination.k8s.io",
+            "leases",
+            &["get", "list", "watch", "patch", "delete", "deletecollection"],
+        ),
+        rule("", "pods", &["get", "list", "watch"]),
+        rule("events.k8s.io", "events", &["create", "patch"]),
+    ];
+    if status_writes {
+        rules.push(rule("leasehold.dev", "distributedlocks/status", &["update"]));
+    }
+    let apply = PatchParams::apply("conformance").force();
+    let subjects = json!([{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]);
+    let role: Role = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "conf-controller"}, "rules": rules,
+    }))
+    .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "conf-controller"}, "subjects": subjects,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "conf-controller"},
+    }))
+    .unwrap();
+    // The CRD is read cluster-wide (until it is established).
+    let crd_reader: ClusterRole = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "conf-controller-crd"},
+        "rules": [rule("apiextensions.k8s.io", "customresourcedefinitions", &["get", "list", "watch"])],
+    }))
+    .unwrap();
+    let crd_binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": user}, "subjects": subjects,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "conf-controller-crd"},
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(ns.client.clone())
+        .patch("conf-controller-crd", &apply, &Patch::Apply(&crd_reader))
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(ns.client.clone())
+        .patch(user, &apply, &Patch::Apply(&crd_binding))
+        .await
+        .unwrap();
+    Api::<Role>::namespaced(ns.client.clone(), &ns.name)
+        .patch("conf-controller", &apply, &Patch::Apply(&role))
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(ns.client.clone(), &ns.name)
+        .patch("conf-controller", &apply, &Patch::Apply(&binding))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_designated_waiter_takes_the_grant_written_on_its_claim_while_the_status_cannot_be_written() {
+    for kind in kinds() {
+        let ns = TestNs::new("conf-claimgrant").await;
+        ns.lock("l", lock_spec(15, 1, None)).await;
+        // A controller acting as a user with the chart's rules, in the test namespace.
+        let user = format!("conf-controller-{}", ns.name);
+        controller_rbac(&ns, &user, true).await;
+        let _controller = crate::support::spawn_controller_with(
+            crate::support::client_as(&user).await,
+            leasehold::controller::Options::single(&user, Some(&ns.name)),
+        );
+        let config = client_kubeconfig(&ns, None).await;
+        let (mut holder, (token, holder_claim), mut waiter) = holder_and_waiter(kind, &ns, (&config, &config)).await;
+        waiter.send("acquire").await;
+        let designated = ns
+            .wait_lock("l", "the waiter designated", |l| {
+                l.status.as_ref().is_some_and(|s| s.successor.is_some())
+            })
+            .await;
+        let status = designated.status.clone().unwrap();
+        let successor = status.successor.clone().unwrap();
+        assert!(status.release_url.is_none(), "no URL: no HTTP grant");
+        // From now on the controller cannot write the lock's status: a grant can reach
+        // the waiter only on its claim.
+        controller_rbac(&ns, &user, false).await;
+        let sar_says = || async {
+            let review: k8s_openapi::api::authorization::v1::SubjectAccessReview = serde_json::from_value(json!({
+                "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                "spec": {"user": user, "resourceAttributes": {
+                    "namespace": ns.name, "verb": "update", "group": "leasehold.dev",
+                    "resource": "distributedlocks", "subresource": "status"}},
+            }))
+            .unwrap();
+            let api: Api<k8s_openapi::api::authorization::v1::SubjectAccessReview> = Api::all(ns.client.clone());
+            let answer = api.create(&Default::default(), &review).await.ok()?;
+            (!answer.status?.allowed).then_some(())
+        };
+        wait_for("status writes forbidden to the controller", DEADLINE, sar_says).await;
+        holder.release().await;
+        let (_, next, claim) = waiter.acquired(DEADLINE).await;
+        assert_eq!(
+            (next, claim.as_str()),
+            (successor.fencing_token, successor.claim.as_str()),
+            "{kind:?}"
+        );
+        assert!(next > token);
+        // Nothing recorded the grant: the status still names the old holder alone.
+        let now = ns.locks().get("l").await.unwrap().status.unwrap();
+        let recorded: Vec<&str> = now.holders.iter().map(|h| h.claim.as_str()).collect();
+        assert_eq!(
+            recorded,
+            [holder_claim.as_str()],
+            "{kind:?}: the status was written after all"
+        );
+        let lease = Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
+            .get(&claim)
+            .await
+            .unwrap();
+        let written = &lease.annotations()[leasehold::protocol::DIRECT_GRANT_ANNOTATION];
+        let grant = Grant {
+            namespace: &ns.name,
+            lock: "l",
+            lock_uid: designated.metadata.uid.as_deref().unwrap(),
+            claim: &claim,
+            fencing_token: next,
+        };
+        assert!(grant.told_by_annotation(status.grant_key.as_deref().unwrap(), written));
+        // Status writes allowed again: the grant is recorded, and the waiter releases.
+        controller_rbac(&ns, &user, true).await;
+        ns.wait_lock("l", "the grant recorded", |l| {
+            l.status
+                .as_ref()
+                .is_some_and(|s| s.holders.iter().any(|h| h.claim == claim))
+        })
+        .await;
+        waiter.release().await;
+        let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(ns.client.clone());
+        bindings.delete(&user, &Default::default()).await.unwrap();
     }
 }
 
@@ -501,9 +645,7 @@ async fn a_claim_tampered_with_before_it_was_recorded_is_withdrawn_never_acted_o
             claim, tampered,
             "{kind:?} acted on the claim recorded with another release hash"
         );
-        let lock = ns
-            .wait_lock("l", "the new claim holding", |l| holders(l).len() == 1)
-            .await;
+        let lock = ns.recorded("l", &claim).await;
         let held: Vec<_> = lock.status.unwrap().holders.into_iter().map(|h| h.claim).collect();
         assert_eq!(held, vec![claim.clone()]);
         client.release().await;

@@ -356,7 +356,7 @@ async fn a_waiter_does_not_write_while_it_waits_and_renews_at_its_grant_before_i
     // Granted long after its last write, b keeps the grant: it renews as a holder.
     renewals_seen(&ns, &cb, 4).await;
     assert_eq!(*g.state().borrow(), State::Live);
-    let l = ns.locks().get("l").await.unwrap();
+    let l = ns.recorded("l", g.claim()).await;
     assert_eq!(holders(&l), ["b"]);
     assert_eq!(tokens(&l), [2]);
     g.release().await.unwrap();

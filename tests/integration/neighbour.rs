@@ -78,7 +78,7 @@ async fn a_waiters_lease_patched_down_before_its_grant_is_not_what_its_grant_rec
     held.release().await.unwrap();
     let g = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap().unwrap();
     assert_eq!(g.claim(), cb, "b's claim was granted");
-    let l = ns.locks().get("l").await.unwrap();
+    let l = ns.recorded("l", g.claim()).await;
     let h = &l.status.unwrap().holders[0];
     assert_eq!(
         h.lease_duration_seconds,
@@ -109,7 +109,7 @@ async fn a_claim_changed_before_it_was_first_queued_is_withdrawn_not_acted_on() 
         cb,
         "b acted on the grant of the claim whose hash was stripped: a forged release frees its slot while it runs"
     );
-    let l = ns.locks().get("l").await.unwrap();
+    let l = ns.recorded("l", g.claim()).await;
     let h = &l.status.unwrap().holders[0];
     assert_eq!(h.claim, g.claim());
     assert!(h.release_hash.is_some(), "b's new claim is recorded with its hash");
@@ -372,7 +372,7 @@ async fn a_waiter_whose_lease_was_removed_before_it_was_queued_is_never_judged_b
     held.release().await.unwrap();
     let g = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap().unwrap();
     assert_ne!(g.claim(), cb, "b acted on the claim recorded without its lease");
-    let l = ns.locks().get("l").await.unwrap();
+    let l = ns.recorded("l", g.claim()).await;
     let h = &l.status.unwrap().holders[0];
     assert_eq!((h.claim.as_str(), h.lease_duration_seconds), (g.claim(), Some(15)));
     // Judged by its 15 s: not expired by the lock's 1 s (3 s with the grace).
@@ -464,4 +464,65 @@ async fn a_claim_whose_wait_hash_was_stripped_before_it_was_queued_is_withdrawn_
     let g = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap().unwrap();
     assert_ne!(g.claim(), cb, "b acted on the claim recorded without its wait hash");
     g.release().await.unwrap();
+}
+
+/// The grant the controller writes on a designated claim where it cannot tell it over
+/// HTTP is trusted only as an HTTP grant is: signed by the lock's key, for this claim
+/// and its reserved token. A neighbour who may patch Leases writes on the next waiter's
+/// claim a genuine grant copied from an earlier claim, that grant's signature under the
+/// waiter's token, and a grant signed with a key of its own; none makes it run.
+#[tokio::test]
+async fn a_grant_copied_or_forged_onto_a_designated_claim_is_not_acted_on() {
+    use leasehold::protocol::DIRECT_GRANT_ANNOTATION;
+    use leasehold::protocol::grant::{Grant, GrantKey};
+    let ns = TestNs::new("nb-claimgrant").await;
+    let neighbour = ns.as_lock_user().await;
+    let _c = spawn_controller(&ns, "nb-claimgrant"); // no URL: grants go on claims
+    let (held, waiting, cb) = b_waits_behind_a(&ns, 15).await;
+    held.release().await.unwrap();
+    let b = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap().unwrap();
+    // b's grant, as the controller wrote it on b's claim (public to every lock user
+    // whose Role may watch Leases).
+    let genuine = wait_for("b's grant on its claim", DEADLINE, || async {
+        let lease = leases(&ns).get(&cb).await.ok()?;
+        lease.metadata.annotations?.get(DIRECT_GRANT_ANNOTATION).cloned()
+    })
+    .await;
+    let lock_c = lock_for(&ns, ns.pod("c").await);
+    let waiting = tokio::spawn(async move { lock_c.acquire().await });
+    let l = ns
+        .wait_lock("l", "c designated", |l| {
+            l.status
+                .as_ref()
+                .and_then(|s| s.successor.as_ref())
+                .is_some_and(|s| s.claim != cb)
+        })
+        .await;
+    let successor = l.status.clone().unwrap().successor.unwrap();
+    let (cc, tc) = (successor.claim.as_str(), successor.fencing_token);
+    let own = GrantKey::generate();
+    let forged = Grant {
+        namespace: &ns.name,
+        lock: "l",
+        lock_uid: l.metadata.uid.as_deref().unwrap(),
+        claim: cc,
+        fencing_token: tc,
+    };
+    let (_, signature) = genuine.split_once(' ').unwrap();
+    for value in [
+        genuine.clone(),
+        format!("{tc} {signature}"),
+        forged.annotation(&own.sign(&forged)),
+    ] {
+        let patch = serde_json::json!({"metadata": {"annotations": {DIRECT_GRANT_ANNOTATION: value}}});
+        neighbour_patch(&neighbour, &ns, cc, patch).await;
+    }
+    // Not a synchronisation: the time c had to act on what it watched on its claim (a
+    // client that took any of these values would have been granted within milliseconds).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!waiting.is_finished(), "c acted on a grant that is not its own");
+    b.release().await.unwrap();
+    let c = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap().unwrap();
+    assert_eq!((c.claim(), c.fencing_token()), (cc, tc));
+    c.release().await.unwrap();
 }

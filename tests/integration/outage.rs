@@ -61,7 +61,7 @@ async fn held_and_queued_locks_ride_out_an_api_server_and_an_etcd_restart() {
     );
     first.release().await.unwrap();
     let second = waiting_b.await.unwrap();
-    assert_eq!(tokens(&ns.locks().get("l").await.unwrap()), [2]);
+    assert_eq!(tokens(&ns.recorded("l", second.claim()).await), [2]);
 
     // Then etcd crashes and is down for 3 s (plus its start).
     let took = outage(&mut cp, "etcd").await;
@@ -74,7 +74,7 @@ async fn held_and_queued_locks_ride_out_an_api_server_and_an_etcd_restart() {
     );
     second.release().await.unwrap();
     let third = waiting_c.await.unwrap();
-    assert_eq!(tokens(&ns.locks().get("l").await.unwrap()), [3]);
+    assert_eq!(tokens(&ns.recorded("l", third.claim()).await), [3]);
     third.release().await.unwrap();
     cp.stop().await;
 }

@@ -189,6 +189,18 @@ impl TestNs {
         })
         .await
     }
+
+    /// Lock `lock` once its status records `claim` as an unrevoked holder: a client may
+    /// be granted before that status write (directly, over HTTP or on its claim).
+    pub async fn recorded(&self, lock: &str, claim: &str) -> DistributedLock {
+        let what = format!("the status recording {claim}'s grant");
+        self.wait_lock(lock, &what, |l| {
+            l.status
+                .as_ref()
+                .is_some_and(|s| s.holders.iter().any(|h| h.claim == claim && h.revoked.is_none()))
+        })
+        .await
+    }
 }
 
 /// A mutex whose claims live by `lease` seconds.

@@ -52,11 +52,12 @@ policy/v1beta1
 - apiGroups: ["leasehold.dev"]
   resources: ["distributedlocks/status"]
   verbs: ["update"]
-# Watch claims (a fresh read before expiring one); delete finished claims (released
-# ones in one deletecollection per namespace).
+# Watch claims (a fresh read before expiring one); write a designated successor's
+# signed grant on its claim when the claim asks for it; delete finished claims
+# (released ones in one deletecollection per namespace).
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["get", "list", "watch", "delete", "deletecollection"]
+  verbs: ["get", "list", "watch", "patch", "delete", "deletecollection"]
 # Watch the pods that own claims (name, uid, phase); a fresh read before an etcd key
 # of a gone pod is held back.
 - apiGroups: [""]

@@ -61,6 +61,14 @@ def test_signatures_are_the_vectors(kind):
     assert not p.verify("not hex", b"m", "00"), "a malformed key verifies nothing"
 
 
+@pytest.mark.parametrize("case", VECTORS["claim_grant"]["cases"], ids=lambda c: c.get("why", "told"))
+def test_a_grant_on_a_claim_is_told_as_the_vectors_say(case):
+    f = VECTORS["claim_grant"]["fields"]
+    message = p.grant_message(f["namespace"], f["lock"], f["lock_uid"], f["claim"], f["fencing_token"])
+    public = VECTORS["grant_signature"]["public_key"]
+    assert p.told_by_annotation(public, message, f["fencing_token"], case["value"]) == case["told"]
+
+
 @pytest.mark.parametrize("case", VECTORS["timing"]["cases"], ids=lambda c: f"{c['lease_seconds']}s")
 def test_timing_rules(case):
     lease = float(case["lease_seconds"])

@@ -1,22 +1,33 @@
 //! Waiting for a direct grant ([`crate::protocol::grant`]) while the lock's status
 //! designates the claim as its successor: one request held open at the controller's
-//! published URL, and a grant trusted only when its signature verifies against the
-//! key of the status that designated the claim, for the token reserved there.
+//! published URL, and a watch on the claim itself, where the controller writes the grant
+//! when it cannot tell it over HTTP ([`crate::protocol::DIRECT_GRANT_ANNOTATION`]). A
+//! grant is trusted only when its signature verifies against the key of the status that
+//! designated the claim, for the token reserved there.
 
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::api::{Api, WatchEvent, WatchParams};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::api::DistributedLock;
+use crate::protocol::DIRECT_GRANT_ANNOTATION;
 use crate::protocol::grant::{GRANT_PATH, Grant, SIGNATURE_HEADER, TOKEN_HEADER, WaitFor};
 use crate::protocol::notice::endpoint;
 
-/// The least time between two waits for one designation.
+/// The least time between two waits for one designation (or two watches of the claim).
 const REASK_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long one watch of the claim lasts before it is made anew (the API server's
+/// bound, as kube takes it, is under 295 s).
+const CLAIM_WATCH_SECS: u32 = 290;
 
 /// What a designation says: where to wait, whom to trust, for which grant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Designation {
-    release_url: String,
+    /// Where to hold a wait open; `None`: the claim's watch alone.
+    release_url: Option<String>,
     key: String,
     namespace: String,
     lock: String,
@@ -34,7 +45,7 @@ impl Designation {
         let status = lock.status.as_ref()?;
         let successor = status.successor.as_ref().filter(|s| s.claim == claim)?;
         Some(Designation {
-            release_url: status.release_url.clone()?,
+            release_url: status.release_url.clone(),
             key: status.grant_key.clone()?,
             namespace: lock.metadata.namespace.clone()?,
             lock: lock.metadata.name.clone()?,
@@ -55,9 +66,78 @@ impl Designation {
         }
     }
 
-    /// Wait at the controller until it grants (`Some`), or refuses or fails (`None`).
-    async fn wait(&self) -> Option<i64> {
-        let uri = endpoint(&self.release_url, GRANT_PATH)?;
+    /// Wait at the controller, and watch the claim (through `leases`, if any), until
+    /// either tells a verified grant (`Some`), or both have failed (`None`).
+    async fn wait(&self, leases: Option<Api<Lease>>) -> Option<i64> {
+        let http = async {
+            match &self.release_url {
+                Some(url) => self.wait_at(url).await,
+                None => None,
+            }
+        };
+        let claim = async {
+            match leases {
+                Some(leases) => self.watch_claim(leases).await,
+                None => None,
+            }
+        };
+        tokio::pin!(http, claim);
+        let (mut http_on, mut claim_on) = (true, true);
+        loop {
+            tokio::select! {
+                told = &mut http, if http_on => match told {
+                    Some(token) => return Some(token),
+                    None => http_on = false,
+                },
+                told = &mut claim, if claim_on => match told {
+                    Some(token) => return Some(token),
+                    None => claim_on = false,
+                },
+                else => return None,
+            }
+        }
+    }
+
+    /// Watch the claim until the controller writes this grant on it, verified (`Some`),
+    /// or the watch cannot be made (`None`: a client Role without `watch` on Leases
+    /// among others). A value that does not verify (a neighbour's, or one of an earlier
+    /// designation) is passed over.
+    async fn watch_claim(&self, leases: Api<Lease>) -> Option<i64> {
+        let params = WatchParams::default()
+            .fields(&format!("metadata.name={}", self.claim))
+            .timeout(CLAIM_WATCH_SECS);
+        loop {
+            let started = tokio::time::Instant::now();
+            // From "0": the claim as it is now first, so a grant written before the
+            // watch began is seen.
+            let events = match leases.watch(&params, "0").await {
+                Ok(events) => events,
+                Err(e) => {
+                    tracing::debug!(claim = self.claim, error = %e, "watching the claim for its grant failed");
+                    return None;
+                }
+            };
+            futures::pin_mut!(events);
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) => {
+                        let value = lease.annotations().get(DIRECT_GRANT_ANNOTATION);
+                        if value.is_some_and(|v| self.grant().told_by_annotation(&self.key, v)) {
+                            return Some(self.token);
+                        }
+                    }
+                    Ok(WatchEvent::Deleted(_) | WatchEvent::Bookmark(_)) => {}
+                    Ok(WatchEvent::Error(_)) | Err(_) => break, // watch anew
+                }
+            }
+            tokio::time::sleep_until(started + REASK_AFTER).await;
+        }
+    }
+
+    /// Wait at the controller's `url` until it grants (`Some`), or refuses or fails
+    /// (`None`).
+    async fn wait_at(&self, url: &str) -> Option<i64> {
+        let uri = endpoint(url, GRANT_PATH)?;
         let body = WaitFor {
             namespace: self.namespace.clone(),
             lock: self.lock.clone(),
@@ -99,7 +179,7 @@ impl Designation {
             tracing::warn!(
                 claim = self.claim,
                 ?token,
-                url = self.release_url,
+                url,
                 "a direct grant did not verify against the lock's grant key: ignored"
             );
             return None;
@@ -110,14 +190,27 @@ impl Designation {
 /// A claim's wait for a direct grant, following the lock's status.
 #[derive(Default)]
 pub(crate) struct DirectWait {
+    /// The claim's namespace's Leases, to watch the claim while designated; `None`: the
+    /// HTTP wait alone.
+    leases: Option<Api<Lease>>,
     waiting: Option<(Designation, JoinHandle<()>)>,
-    granted: Option<oneshot::Receiver<(i64, String)>>,
+    granted: Option<oneshot::Receiver<i64>>,
     /// A verified grant that came while the caller was busy with a status: kept until
     /// [`DirectWait::granted`] takes it, whatever status follows.
-    arrived: Option<(i64, String)>,
+    arrived: Option<i64>,
 }
 
 impl DirectWait {
+    /// A wait that also watches the claim through `leases` while designated.
+    pub fn watching(leases: Api<Lease>) -> Self {
+        DirectWait {
+            leases: Some(leases),
+            waiting: None,
+            granted: None,
+            arrived: None,
+        }
+    }
+
     /// The lock as last seen: wait for a direct grant while its status designates
     /// `claim` (once per designation, URL and key; again after a failure only when
     /// the status changes), showing the owner's wait `proof`.
@@ -142,19 +235,19 @@ impl DirectWait {
         self.stop();
         let Some(designation) = next else { return };
         let (tx, rx) = oneshot::channel();
-        let d = designation.clone();
+        let (d, leases) = (designation.clone(), self.leases.clone());
         let task = tokio::spawn(async move {
-            if let Some(token) = d.wait().await {
-                let _ = tx.send((token, d.release_url));
+            if let Some(token) = d.wait(leases).await {
+                let _ = tx.send(token);
             }
         });
         self.waiting = Some((designation, task));
         self.granted = Some(rx);
     }
 
-    /// Completes with the token, and the URL that takes release notices, once a
-    /// verified direct grant has come; pending while none can.
-    pub async fn granted(&mut self) -> (i64, String) {
+    /// Completes with the token once a verified direct grant has come; pending while
+    /// none can.
+    pub async fn granted(&mut self) -> i64 {
         if let Some(grant) = self.arrived.take() {
             return grant;
         }
@@ -249,7 +342,7 @@ mod tests {
     }
 
     /// Whether following `lock` as claim c-1 yields a grant within a second.
-    async fn granted(lock: &DistributedLock) -> Option<(i64, String)> {
+    async fn granted(lock: &DistributedLock) -> Option<i64> {
         let mut wait = DirectWait::default();
         wait.follow(lock, "c-1", None);
         tokio::time::timeout(std::time::Duration::from_secs(1), wait.granted())
@@ -261,7 +354,7 @@ mod tests {
     async fn a_grant_signed_by_the_published_key_for_the_reserved_token_is_taken() {
         let key = GrantKey::generate();
         let url = answering(reply(7, &key.sign(&grant(7)))).await;
-        assert_eq!(granted(&designating(&url, &key)).await, Some((7, url)));
+        assert_eq!(granted(&designating(&url, &key)).await, Some(7));
     }
 
     #[tokio::test]
@@ -283,7 +376,7 @@ mod tests {
         // A status event is handled first (selected before the grant), still designating c-1.
         wait.follow(&lock, "c-1", None);
         let got = tokio::time::timeout(std::time::Duration::from_secs(1), wait.granted()).await;
-        assert_eq!(got.ok(), Some((7, url)), "the grant that came is taken");
+        assert_eq!(got.ok(), Some(7), "the grant that came is taken");
     }
 
     #[tokio::test]
@@ -314,7 +407,10 @@ mod tests {
         other.status.as_mut().unwrap().successor.as_mut().unwrap().claim = "c-2".into();
         let mut keyless = lock.clone();
         keyless.status.as_mut().unwrap().grant_key = None;
-        for lock in [other, keyless] {
+        // No URL, and no claim to watch (these waits have no Leases API).
+        let mut urlless = lock.clone();
+        urlless.status.as_mut().unwrap().release_url = None;
+        for lock in [other, keyless, urlless] {
             assert_eq!(granted(&lock).await, None);
         }
         assert!(granted(&lock).await.is_some(), "the stand-in still answers");

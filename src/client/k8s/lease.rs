@@ -49,7 +49,12 @@ pub(crate) async fn create(
     let name = claim::claim_name(lock);
     let lease = Duration::from_secs(lease_secs.max(1) as u64);
     let secret = Secret::generate();
-    let obj = claim::claim_lease_with(&name, lock, identity, lease_secs, Some(&secret));
+    let mut obj = claim::claim_lease_with(&name, lock, identity, lease_secs, Some(&secret));
+    // This process watches its claim while designated (`grant_wait`).
+    obj.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(crate::protocol::GRANT_WATCH_ANNOTATION.into(), "true".into());
     // The first deadline counts from when the create was sent, like every renewal's.
     let sent = Instant::now();
     let created = create_or_withdraw(&leases, &name, obj, &secret).await?;
@@ -78,6 +83,11 @@ impl KubeClaim {
     /// The hash of the claim's release secret, as its creation wrote it.
     pub fn release_hash(&self) -> String {
         self.secret.hash()
+    }
+
+    /// The Leases of the claim's namespace (to watch the claim while designated).
+    pub fn leases(&self) -> Api<Lease> {
+        self.leases.clone()
     }
 
     /// What the owner shows when it waits for a direct grant.

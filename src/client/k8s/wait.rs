@@ -126,7 +126,7 @@ pub(super) async fn wait_grant(
         proof: &proof,
         started,
         progress: Progress::new(request.listeners, &session.claim, started, exists),
-        direct: DirectWait::default(),
+        direct: DirectWait::watching(claim.leases()),
         refused: None,
         was_placed: false,
         notices_to: None,
@@ -142,7 +142,7 @@ pub(super) async fn wait_grant(
                 }
                 None => return Err(Error::Watch(request.name.to_string())),
             },
-            (token, _) = wait.direct.granted() => {
+            token = wait.direct.granted() => {
                 // Notices go where the latest status said, checked by its key.
                 claim.set_notice_target(wait.notices_to.clone());
                 return Ok(Outcome::Granted(token));

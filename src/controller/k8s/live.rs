@@ -71,6 +71,8 @@ pub struct LiveIo<'a> {
     pub ctx: &'a Arc<Context>,
     /// The lock's namespace's DistributedLock API.
     pub api: Api<DistributedLock>,
+    /// Whether this turn wrote a successor's grant on its claim since it last settled.
+    pub wrote_on_claim: std::sync::atomic::AtomicBool,
 }
 
 impl LiveIo<'_> {
@@ -133,13 +135,21 @@ impl TurnIo for LiveIo<'_> {
                 token = grant.fencing_token,
                 "successor told of its grant"
             );
+        } else if super::claim_grant::write(self.ctx, grant) {
+            self.wrote_on_claim.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
+    async fn settle_after_tell(&self) {
+        if self.wrote_on_claim.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            tokio::time::sleep(super::claim_grant::CLAIM_GRANT_SETTLE).await;
+        }
+    }
+
+    /// The key always: a grant written on a claim is checked by it, URL or not.
     fn published(&self) -> (Option<String>, Option<String>) {
         let url = self.ctx.k8s.release_url.clone();
-        let key = url.as_ref().map(|_| self.ctx.k8s.notices.successors.public_key());
-        (url, key)
+        (url, Some(self.ctx.k8s.notices.successors.public_key()))
     }
 
     fn publish_warnings(&self, warnings: &[Warning]) {

@@ -9,6 +9,7 @@
 //! grant revoked) and let go once it has no holder left ([`crate::controller::finalizer`]).
 
 pub(crate) mod apply;
+pub(crate) mod claim_grant;
 pub(crate) mod claim_io;
 pub(crate) mod claims;
 pub(crate) mod live;
@@ -64,6 +65,7 @@ async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>, started: Insta
     let io = LiveIo {
         ctx: &ctx,
         api: Api::namespaced(ctx.client.clone(), &ns),
+        wrote_on_claim: Default::default(),
     };
     let current = ctx.written.fresher(&lock);
     let ended = turn::turn(&io, current).await?;

@@ -66,6 +66,11 @@ impl Successors {
         self.key.public()
     }
 
+    /// Sign `grant` with this replica's key (the key its statuses publish).
+    pub fn sign(&self, grant: &Grant<'_>) -> String {
+        self.key.sign(grant)
+    }
+
     /// The signature of a written release answer, by this replica's key.
     pub fn sign_written(&self, written: &crate::protocol::grant::WrittenRelease<'_>) -> String {
         self.key.sign_written(written)

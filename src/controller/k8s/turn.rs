@@ -9,7 +9,8 @@
 //! ([`super::observe::plan`]); confirm each expiry of a claim the status names by a
 //! fresh read and a deletion under that read's resourceVersion ([`renewed_unseen`]);
 //! look each stray up by name ([`strays`]); restart the expiry of the claims it grants;
-//! tell the designated successor of its grant if the *stored* status designates it;
+//! tell the designated successor of its grant if the *stored* status designates it
+//! (and, if it was told on its claim, let it start before the status write);
 //! write the status under the resourceVersion read; then apply (deletions, events) and
 //! let a deleted lock go once nothing holds it.
 
@@ -55,6 +56,11 @@ pub trait TurnIo: ClaimIo {
     ) -> impl Future<Output = Result<Step, Error>> + Send;
     /// Tell the designated successor of its grant (before the status write).
     fn grant_directly(&self, grant: &Grant<'_>);
+    /// Between telling a successor and the status write: the controller lets a
+    /// successor told on its claim start first ([`super::claim_grant::CLAIM_GRANT_SETTLE`]).
+    /// Safe to put off: the stored status designates the successor, so every decision
+    /// counts it as told meanwhile.
+    fn settle_after_tell(&self) -> impl Future<Output = ()> + Send;
     /// Where this replica takes release notices, and its grant key, for the status.
     fn published(&self) -> (Option<String>, Option<String>);
     /// Publish the plan's warnings on claims.
@@ -98,6 +104,7 @@ pub async fn turn<IO: TurnIo>(io: &IO, mut current: DistributedLock) -> Result<E
         (status.release_url, status.grant_key) = io.published();
         grants_restart_expiry(io, &ns, &plan);
         grant_directly(io, &current, &plan);
+        io.settle_after_tell().await;
         if mutant(Mutant::StatusWithoutVersion) {
             current.metadata.resource_version = None; // written whatever was written since
         }

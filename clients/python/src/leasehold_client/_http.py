@@ -185,7 +185,7 @@ def notice_written(target: NoticeTarget, notice: Mapping[str, str], lease: float
 class Designation:
     """What a designation says: where to wait, whom to trust, for which grant."""
 
-    release_url: str
+    release_url: Optional[str]
     key: str
     namespace: str
     lock: str
@@ -201,25 +201,28 @@ class Designation:
         meta = lock.get("metadata") or {}
         if successor.get("claim") != claim:
             return None
-        url, key = status.get("releaseUrl"), status.get("grantKey")
-        if not (url and key and meta.get("namespace") and meta.get("name") and meta.get("uid")):
+        url, key = status.get("releaseUrl") or None, status.get("grantKey")
+        if not (key and meta.get("namespace") and meta.get("name") and meta.get("uid")):
             return None
         return Designation(url, key, meta["namespace"], meta["name"], meta["uid"], claim, int(successor["fencingToken"]), proof)
 
 
 class DirectWait:
     """A claim's wait for a direct grant, following the lock's status: one request held
-    open at the controller while the status designates the claim. A verified grant is
+    open at the controller while the status designates the claim, and, with
+    ``watch_claim`` (``KubeClaim.watch_self``), a watch on the claim, where the
+    controller writes the grant when it cannot tell it over HTTP. A verified grant is
     handed to ``granted(generation, token)``; :meth:`stop` starts a new generation, so a
     grant of an abandoned wait is told apart."""
 
-    def __init__(self, granted: Callable[[int, int], None]) -> None:
+    def __init__(self, granted: Callable[[int, int], None], watch_claim: Optional[Callable[[Callable[[dict], bool], Callable[[], bool]], None]] = None) -> None:
         self._granted = granted
+        self._watch_claim = watch_claim
         self._lock = threading.Lock()
         self.generation = 0
         self._current: Optional[Designation] = None
         self._conn: Optional[http.client.HTTPConnection] = None
-        self._running = False
+        self._running = 0
         self._arrived = False
 
     def follow(self, lock: Mapping[str, Any], claim: str, proof: Optional[str]) -> None:
@@ -229,21 +232,27 @@ class DirectWait:
         with self._lock:
             # A grant already here stays: it was verified for this claim's reserved token,
             # and the lock counts a successor told of its grant as a holder.
-            if self._arrived or (nxt is not None and nxt == self._current and self._running):
+            if self._arrived or (nxt is not None and nxt == self._current and self._running > 0):
                 return
         self.stop()
         if nxt is None:
             return
+        waits: List[Tuple[Callable[[Designation, int], None], str]] = []
+        if nxt.release_url:
+            waits.append((self._wait, "leasehold-direct-grant"))
+        if self._watch_claim is not None:
+            waits.append((self._watch, "leasehold-claim-grant"))
         with self._lock:
-            self._current, self._running = nxt, True
+            self._current, self._running = nxt, len(waits)
             generation = self.generation
-        threading.Thread(target=self._wait, args=(nxt, generation), name="leasehold-direct-grant", daemon=True).start()
+        for target, name in waits:
+            threading.Thread(target=target, args=(nxt, generation), name=name, daemon=True).start()
 
     def stop(self) -> None:
         """Stop waiting: no grant of the current wait is taken from here on."""
         with self._lock:
             self.generation += 1
-            self._current, self._running, self._arrived = None, False, False
+            self._current, self._running, self._arrived = None, 0, False
             conn, self._conn = self._conn, None
         if conn is not None:
             try:
@@ -263,8 +272,36 @@ class DirectWait:
 
         return keep
 
+    def _take(self, d: Designation, generation: int) -> None:
+        with self._lock:
+            if generation != self.generation or self._arrived:
+                return
+            self._arrived = True
+        self._granted(generation, d.token)
+
+    def _done(self, generation: int) -> None:
+        with self._lock:
+            if generation == self.generation:
+                self._running -= 1
+
+    def _watch(self, d: Designation, generation: int) -> None:
+        message = p.grant_message(d.namespace, d.lock, d.lock_uid, d.claim, d.token)
+
+        def seen(lease: dict) -> bool:
+            value = ((lease.get("metadata") or {}).get("annotations") or {}).get(p.DIRECT_GRANT_ANNOTATION)
+            if value is None or not p.told_by_annotation(d.key, message, d.token, value):
+                return False  # none yet, a neighbour's, or an earlier designation's
+            self._take(d, generation)
+            return True
+
+        try:
+            assert self._watch_claim is not None
+            self._watch_claim(seen, lambda: generation == self.generation)
+        finally:
+            self._done(generation)
+
     def _wait(self, d: Designation, generation: int) -> None:
-        url = p.endpoint(d.release_url, GRANT_PATH)
+        url = p.endpoint(d.release_url, GRANT_PATH) if d.release_url else None
         body: Dict[str, str] = {"namespace": d.namespace, "lock": d.lock, "claim": d.claim}
         if d.proof:
             body["proof"] = d.proof
@@ -287,11 +324,7 @@ class DirectWait:
                 token = headers.get(TOKEN_HEADER)
                 message = p.grant_message(d.namespace, d.lock, d.lock_uid, d.claim, d.token)
                 if token == str(d.token) and p.verify(d.key, message, headers.get(SIGNATURE_HEADER, "")):
-                    with self._lock:
-                        if generation != self.generation:
-                            return
-                        self._arrived = True
-                    self._granted(generation, d.token)
+                    self._take(d, generation)
                 else:
                     log.warning(
                         "a direct grant for claim %s (token %s) did not verify against the lock's grant key: ignored",
@@ -300,6 +333,4 @@ class DirectWait:
                     )
                 return
         finally:
-            with self._lock:
-                if generation == self.generation:
-                    self._running = False
+            self._done(generation)

@@ -17,7 +17,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import urllib3
 
@@ -33,6 +33,9 @@ from .session import Renewal
 log = logging.getLogger("leasehold_client")
 
 MERGE_PATCH = "application/merge-patch+json"
+#: How long one watch of a designated claim lasts before it is made anew (a stopped
+#: wait's watch ends at its next event, or then).
+CLAIM_WATCH_SECONDS = 60
 
 
 #: Seconds a connection is idle before the first keepalive probe.
@@ -105,6 +108,19 @@ def _rv(obj: dict) -> Optional[int]:
         return int(str((obj.get("metadata") or {}).get("resourceVersion")))
     except ValueError:
         return None
+
+
+def _events(response: Any) -> Iterator[Tuple[Any, dict]]:
+    """The events of a watch's streamed answer: ``(type, object)``."""
+    buffer = b""
+    for chunk in response.stream(65536, decode_content=True):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            yield event.get("type"), event.get("object") or {}
 
 
 class LockWatch:
@@ -184,21 +200,13 @@ class LockWatch:
                 backoff = min(backoff * 2, 5.0)
 
     def _read(self, response: Any) -> None:
-        buffer = b""
-        for chunk in response.stream(65536, decode_content=True):
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind in ("ADDED", "MODIFIED"):
-                    self._emit("lock", obj)
-                elif kind == "DELETED":
-                    self._emit("gone", None)
-                elif kind == "ERROR":
-                    return  # e.g. 410 Gone: list afresh
+        for kind, obj in _events(response):
+            if kind in ("ADDED", "MODIFIED"):
+                self._emit("lock", obj)
+            elif kind == "DELETED":
+                self._emit("gone", None)
+            elif kind == "ERROR":
+                return  # e.g. 410 Gone: list afresh
 
     def set_check_every(self, seconds: float) -> None:
         """Read afresh every ``seconds`` from now on (counted from the last read)."""
@@ -289,6 +297,35 @@ class KubeClaim:
         except Exception:  # noqa: BLE001 - a timeout: unreadable
             return (False, None)
         return (True, None if (lease.get("metadata") or {}).get("deletionTimestamp") else lease)
+
+    def watch_self(self, seen: Callable[[dict], bool], alive: Callable[[], bool]) -> None:
+        """Watch this claim, from what it is now, handing each version to ``seen`` until it
+        returns True or ``alive()`` is false (checked at each event; a watch lasts
+        ``CLAIM_WATCH_SECONDS``). Returns at once when the watch cannot be made: a client
+        Role without ``watch`` on Leases, among others."""
+        selector = f"metadata.name={self.name}"
+        while alive():
+            started = time.monotonic()
+            try:
+                response: Any = self.leases.list_namespaced_lease(
+                    self.namespace, field_selector=selector, watch=True, resource_version="0",
+                    timeout_seconds=CLAIM_WATCH_SECONDS, _preload_content=False,
+                    _request_timeout=(10, CLAIM_WATCH_SECONDS + 40),
+                )
+            except Exception as e:  # noqa: BLE001 - 403 and the like: the status tells instead
+                log.debug("watching claim %s for its grant failed: %s", self.name, e)
+                return
+            try:
+                for kind, lease in _events(response):
+                    if not alive():
+                        return
+                    if kind in ("ADDED", "MODIFIED") and seen(lease):
+                        return
+            except Exception as e:  # noqa: BLE001 - a dropped watch is made anew
+                log.debug("the watch of claim %s ended: %s", self.name, e)
+            finally:
+                response.close()
+            time.sleep(max(0.0, started + 1.0 - time.monotonic()))
 
     @property
     def notice_target(self) -> Any:

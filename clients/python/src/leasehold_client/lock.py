@@ -425,7 +425,7 @@ class _Wait:
         )
         self.proof = claim.secret.wait_proof()
         self.started = time.monotonic()
-        self.direct = DirectWait(lambda generation, token: events.put(("direct", (claim.name, generation, token))))
+        self.direct = DirectWait(lambda generation, token: events.put(("direct", (claim.name, generation, token))), claim.watch_self)
         self.refused: Optional[str] = None
         self.was_placed = False
         self.notices_to: Optional[NoticeTarget] = None

@@ -33,6 +33,11 @@ RELEASE_HASH_ANNOTATION = "leasehold.dev/release-hash"
 WAIT_HASH_ANNOTATION = "leasehold.dev/wait-hash"
 REQUESTED_AT_ANNOTATION = "leasehold.dev/requested-at"
 WAIT_LEASE_ANNOTATION = "leasehold.dev/wait-lease-seconds"
+#: Set on a claim at creation ("true"): this process watches its claim while designated,
+#: so the controller writes the direct grant there when it cannot tell it over HTTP.
+GRANT_WATCH_ANNOTATION = "leasehold.dev/grant-watch"
+#: Written by the controller on such a claim: "<token> <signature hex>".
+DIRECT_GRANT_ANNOTATION = "leasehold.dev/direct-grant"
 
 #: The lease a lock states when its spec gives none, in seconds.
 DEFAULT_LEASE_SECONDS = 15
@@ -216,6 +221,7 @@ def claim_lease(name: str, lock: str, pod: PodIdentity, lease_seconds: int, secr
                 WAIT_LEASE_ANNOTATION: str(waiting),
                 RELEASE_HASH_ANNOTATION: secret.hash(),
                 WAIT_HASH_ANNOTATION: secret.wait_hash(),
+                GRANT_WATCH_ANNOTATION: "true",
             },
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}],
         },
@@ -374,13 +380,28 @@ def grant_message(namespace: str, lock: str, lock_uid: str, claim: str, token: i
     return f"leasehold direct grant v1\n{namespace}\n{lock}\n{lock_uid}\n{claim}\n{token}\n".encode()
 
 
+def told_by_annotation(public_key_hex: str, message: bytes, token: int, value: str) -> bool:
+    """Whether ``value`` (the claim's ``DIRECT_GRANT_ANNOTATION``) tells the grant of
+    ``token`` whose signed bytes are ``message``: the token, a space, its signature by
+    ``public_key_hex``. Anyone who may patch Leases can write the annotation; none but
+    the controller can sign it."""
+    written, sep, signature = value.partition(" ")
+    return bool(sep) and written == str(token) and verify(public_key_hex, message, signature)
+
+
 def written_message(namespace: str, lock: str, lock_uid: str, claim: str) -> bytes:
     """The bytes a written release answer's signature signs."""
     return f"leasehold release written v1\n{namespace}\n{lock}\n{lock_uid}\n{claim}\n".encode()
 
 
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
 def verify(public_key_hex: str, message: bytes, signature_hex: str) -> bool:
-    """Whether ``signature_hex`` signs ``message`` by the Ed25519 key ``public_key_hex``."""
+    """Whether ``signature_hex`` signs ``message`` by the Ed25519 key ``public_key_hex``
+    (hex digits only: ``bytes.fromhex`` would pass over spaces, Rust's reading does not)."""
+    if not all(c in _HEX_DIGITS for c in public_key_hex + signature_hex):
+        return False
     try:
         key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key_hex))
         key.verify(bytes.fromhex(signature_hex), message)

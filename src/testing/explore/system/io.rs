@@ -166,6 +166,9 @@ impl TurnIo for ModelIo<'_> {
         sys.tell(grant.claim, grant.fencing_token, &status.unwrap_or_default());
     }
 
+    /// No time passes: what may happen meanwhile may happen during the status write.
+    async fn settle_after_tell(&self) {}
+
     fn published(&self) -> (Option<String>, Option<String>) {
         (None, None)
     }
