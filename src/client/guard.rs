@@ -212,9 +212,10 @@ mod tests {
             namespace: "ns".into(),
             uid: "u".into(),
         };
-        let (claim, session, renewal) = crate::client::k8s::lease::create(leases, "l", &identity, lease_secs)
-            .await
-            .unwrap();
+        let (claim, session, renewal) =
+            crate::client::k8s::lease::create(leases, "l", &identity, (lease_secs, &Default::default()))
+                .await
+                .unwrap();
         Held {
             session,
             claim,

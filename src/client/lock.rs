@@ -104,6 +104,7 @@ impl LockBuilder {
             kube: Kube {
                 writes: self.writes.unwrap_or_else(|| self.client.clone()),
                 client: self.client,
+                claim_watch_refused: Default::default(),
             },
             name: self.name,
             identity,

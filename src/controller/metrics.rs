@@ -114,13 +114,7 @@ struct LockSeries {
 impl Default for Metrics {
     fn default() -> Self {
         let mut r = Registry::with_prefix("leasehold");
-        let build_info = Family::<BuildLabels, Gauge>::default();
-        let build = BuildLabels {
-            version: env!("CARGO_PKG_VERSION").into(),
-            revision: REVISION.into(),
-        };
-        build_info.get_or_create(&build).set(1);
-        r.register("build_info", "The running build (always 1)", build_info);
+        register_build_info(&mut r);
         let buckets = |start, n| Histogram::new(exponential_buckets(start, 2.0, n));
         Metrics {
             leader: add(&mut r, "leader", "1 while this replica leads, else 0", Gauge::default()),
@@ -193,6 +187,17 @@ impl Default for Metrics {
             registry: r,
         }
     }
+}
+
+/// `build_info{version,revision}`, always 1, registered in `r`.
+fn register_build_info(r: &mut Registry) {
+    let build_info = Family::<BuildLabels, Gauge>::default();
+    let build = BuildLabels {
+        version: env!("CARGO_PKG_VERSION").into(),
+        revision: REVISION.into(),
+    };
+    build_info.get_or_create(&build).set(1);
+    r.register("build_info", "The running build (always 1)", build_info);
 }
 
 /// `metric`, registered in `r` as `name` with `help`.

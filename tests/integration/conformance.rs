@@ -362,6 +362,14 @@ async fn each_client_releases_by_notice_where_one_is_published_and_by_mark_where
     }
 }
 
+/// Lock `l` once its status designates a successor.
+async fn designated(ns: &TestNs) -> DistributedLock {
+    ns.wait_lock("l", "the waiter designated", |l| {
+        l.status.as_ref().is_some_and(|s| s.successor.is_some())
+    })
+    .await
+}
+
 /// Let `user` do in `ns` what the controller does (the chart's rules), lock status
 /// writes only if `status_writes`; and read the CRD.
 async fn controller_rbac(ns: &TestNs, user: &str, status_writes: bool) {
@@ -439,11 +447,7 @@ async fn a_designated_waiter_takes_the_grant_written_on_its_claim_while_the_stat
         let config = client_kubeconfig(&ns, None).await;
         let (mut holder, (token, holder_claim), mut waiter) = holder_and_waiter(kind, &ns, (&config, &config)).await;
         waiter.send("acquire").await;
-        let designated = ns
-            .wait_lock("l", "the waiter designated", |l| {
-                l.status.as_ref().is_some_and(|s| s.successor.is_some())
-            })
-            .await;
+        let designated = designated(&ns).await;
         let status = designated.status.clone().unwrap();
         let successor = status.successor.clone().unwrap();
         assert!(status.release_url.is_none(), "no URL: no HTTP grant");
@@ -503,6 +507,46 @@ async fn a_designated_waiter_takes_the_grant_written_on_its_claim_while_the_stat
         waiter.release().await;
         let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(ns.client.clone());
         bindings.delete(&user, &Default::default()).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_may_not_watch_leases_takes_its_ask_back_and_is_granted_by_the_status() {
+    use leasehold::protocol::{DIRECT_GRANT_ANNOTATION, GRANT_WATCH_ANNOTATION};
+    for kind in kinds() {
+        let ns = TestNs::new("conf-nowatch").await;
+        let _controller = spawn_controller(&ns, "conf-nowatch"); // no URL
+        ns.lock("l", lock_spec(15, 1, None)).await;
+        let config = client_kubeconfig(&ns, None).await;
+        // The lock users' Role without `watch` on Leases (clientRbac.watchClaims: false).
+        let rules = json!({"rules": [
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "patch"]},
+            {"apiGroups": ["leasehold.dev"], "resources": ["distributedlocks"], "verbs": ["get", "list", "watch"]},
+        ]});
+        Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(ns.client.clone(), &ns.name)
+            .patch("leasehold-client", &PatchParams::default(), &Patch::Merge(&rules))
+            .await
+            .unwrap();
+        let (mut holder, (token, _), mut waiter) = holder_and_waiter(kind, &ns, (&config, &config)).await;
+        waiter.send("acquire").await;
+        let designated = designated(&ns).await;
+        let claim = designated.status.unwrap().successor.unwrap().claim;
+        let leases = Api::<Lease>::namespaced(ns.client.clone(), &ns.name);
+        wait_for("the ask for a grant on the claim taken back", DEADLINE, || async {
+            let lease = leases.get(&claim).await.ok()?;
+            (!lease.annotations().contains_key(GRANT_WATCH_ANNOTATION)).then_some(())
+        })
+        .await;
+        holder.release().await;
+        let (_, next, granted) = waiter.acquired(DEADLINE).await;
+        assert_eq!(granted, claim, "{kind:?}");
+        assert!(next > token);
+        let lease = leases.get(&claim).await.unwrap();
+        assert!(
+            !lease.annotations().contains_key(DIRECT_GRANT_ANNOTATION),
+            "{kind:?}: the controller wrote a grant nobody could watch"
+        );
+        waiter.release().await;
     }
 }
 

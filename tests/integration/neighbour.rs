@@ -514,13 +514,17 @@ async fn a_grant_copied_or_forged_onto_a_designated_claim_is_not_acted_on() {
         format!("{tc} {signature}"),
         forged.annotation(&own.sign(&forged)),
     ] {
-        let patch = serde_json::json!({"metadata": {"annotations": {DIRECT_GRANT_ANNOTATION: value}}});
+        let patch = serde_json::json!({"metadata": {"annotations": {DIRECT_GRANT_ANNOTATION: &value}}});
         neighbour_patch(&neighbour, &ns, cc, patch).await;
+        // Not a synchronisation: the time c has to act on this value, the claim's own
+        // for that long whenever c's watch began (a client that took it would be
+        // granted within milliseconds).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !waiting.is_finished(),
+            "c acted on a grant that is not its own: {value}"
+        );
     }
-    // Not a synchronisation: the time c had to act on what it watched on its claim (a
-    // client that took any of these values would have been granted within milliseconds).
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(!waiting.is_finished(), "c acted on a grant that is not its own");
     b.release().await.unwrap();
     let c = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap().unwrap();
     assert_eq!((c.claim(), c.fencing_token()), (cc, tc));

@@ -34,7 +34,7 @@ def follow(versions, lock=None):
     granted once the watch has ended."""
     told, ended = [], threading.Event()
 
-    def watch(seen, alive):
+    def watch(seen, alive, opened):
         try:
             for version in versions:
                 if not alive() or seen(version):
@@ -56,10 +56,40 @@ def test_the_grant_written_on_the_claim_is_taken_after_what_does_not_verify():
 
 def test_nothing_is_taken_without_a_verifying_grant_or_a_designation():
     assert follow([on_claim(None), on_claim(signed(8)), on_claim(signed(7, Ed25519PrivateKey.generate()))]) == []
-    told = []
-    wait = DirectWait(lambda _g, token: told.append(token), lambda seen, alive: told.append("watched"))
+    started = []
+    wait = DirectWait(lambda _g, _token: None, lambda seen, alive, opened: None)
+    wait._start = lambda target, d, name: started.append(name)  # type: ignore[method-assign]
     wait.follow(designating(claim="c-2"), "c-1", None)
     keyless = designating()
     del keyless["status"]["grantKey"]
     wait.follow(keyless, "c-1", None)
-    assert told == [], "no watch without a designation of this claim with a key"
+    assert started == [], "no watch without a designation of this claim with a key"
+    wait.follow(designating(), "c-1", None)
+    assert started == ["leasehold-claim-grant"], "one watch for a designation without a URL"
+    wait.follow(designating(), "c-1", None)
+    assert started == ["leasehold-claim-grant"], "not made again on a later status"
+
+
+def test_a_stopped_wait_closes_its_claim_watch():
+    opened_response, ended = threading.Event(), threading.Event()
+
+    class Response:
+        def __init__(self):
+            self.closed = threading.Event()
+
+        def shutdown(self):
+            self.closed.set()
+
+    response = Response()
+
+    def watch(seen, alive, opened):
+        opened(response)
+        opened_response.set()
+        response.closed.wait(5)
+        ended.set()
+
+    wait = DirectWait(lambda _g, _t: None, watch)
+    wait.follow(designating(), "c-1", None)
+    assert opened_response.wait(5)
+    wait.stop()
+    assert ended.wait(5) and response.closed.is_set(), "stop closes the watch, which ends"

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::{Api, WatchEvent, WatchParams};
-use tokio::sync::oneshot;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::api::DistributedLock;
@@ -66,43 +66,11 @@ impl Designation {
         }
     }
 
-    /// Wait at the controller, and watch the claim (through `leases`, if any), until
-    /// either tells a verified grant (`Some`), or both have failed (`None`).
-    async fn wait(&self, leases: Option<Api<Lease>>) -> Option<i64> {
-        let http = async {
-            match &self.release_url {
-                Some(url) => self.wait_at(url).await,
-                None => None,
-            }
-        };
-        let claim = async {
-            match leases {
-                Some(leases) => self.watch_claim(leases).await,
-                None => None,
-            }
-        };
-        tokio::pin!(http, claim);
-        let (mut http_on, mut claim_on) = (true, true);
-        loop {
-            tokio::select! {
-                told = &mut http, if http_on => match told {
-                    Some(token) => return Some(token),
-                    None => http_on = false,
-                },
-                told = &mut claim, if claim_on => match told {
-                    Some(token) => return Some(token),
-                    None => claim_on = false,
-                },
-                else => return None,
-            }
-        }
-    }
-
     /// Watch the claim until the controller writes this grant on it, verified (`Some`),
     /// or the watch cannot be made (`None`: a client Role without `watch` on Leases
     /// among others). A value that does not verify (a neighbour's, or one of an earlier
     /// designation) is passed over.
-    async fn watch_claim(&self, leases: Api<Lease>) -> Option<i64> {
+    async fn watch_claim(&self, (leases, refused): (Api<Lease>, Refused)) -> Option<i64> {
         let params = WatchParams::default()
             .fields(&format!("metadata.name={}", self.claim))
             .timeout(CLAIM_WATCH_SECS);
@@ -112,6 +80,11 @@ impl Designation {
             // watch began is seen.
             let events = match leases.watch(&params, "0").await {
                 Ok(events) => events,
+                Err(kube::Error::Api(s)) if s.code == 403 => {
+                    refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.ask_for_no_grant(&leases).await;
+                    return None;
+                }
                 Err(e) => {
                     tracing::debug!(claim = self.claim, error = %e, "watching the claim for its grant failed");
                     return None;
@@ -131,6 +104,24 @@ impl Designation {
                 }
             }
             tokio::time::sleep_until(started + REASK_AFTER).await;
+        }
+    }
+
+    /// Refused a watch of its claim: take the claim's ask for a grant written on it
+    /// back (the controller would write it, and put its status write off, for nothing).
+    async fn ask_for_no_grant(&self, leases: &Api<Lease>) {
+        tracing::info!(
+            claim = self.claim,
+            "the client Role may not watch Leases: grants come by the lock's status (grant them `watch` on leases for faster handoffs without release notices)"
+        );
+        let patch =
+            serde_json::json!({ "metadata": { "annotations": { crate::protocol::GRANT_WATCH_ANNOTATION: null } } });
+        let params = kube::api::PatchParams::default();
+        if let Err(e) = leases
+            .patch(&self.claim, &params, &kube::api::Patch::Merge(&patch))
+            .await
+        {
+            tracing::debug!(claim = self.claim, error = %e, "taking the claim's ask for a grant on it back failed");
         }
     }
 
@@ -187,22 +178,59 @@ impl Designation {
     }
 }
 
+/// Set once a watch of a claim was refused: later claims of the lock handle ask for no
+/// grant written on them.
+type Refused = std::sync::Arc<std::sync::atomic::AtomicBool>;
+
 /// A claim's wait for a direct grant, following the lock's status.
 #[derive(Default)]
 pub(crate) struct DirectWait {
-    /// The claim's namespace's Leases, to watch the claim while designated; `None`: the
-    /// HTTP wait alone.
-    leases: Option<Api<Lease>>,
-    waiting: Option<(Designation, JoinHandle<()>)>,
-    granted: Option<oneshot::Receiver<i64>>,
+    /// The claim's namespace's Leases, to watch the claim while designated, and the
+    /// flag set if that is refused; `None`: the HTTP wait alone.
+    leases: Option<(Api<Lease>, Refused)>,
+    waiting: Option<Waiting>,
+    granted: Option<mpsc::Receiver<i64>>,
     /// A verified grant that came while the caller was busy with a status: kept until
     /// [`DirectWait::granted`] takes it, whatever status follows.
     arrived: Option<i64>,
 }
 
+/// The waits of one designation: at the URL (made again, after a failure, on a later
+/// status) and on the claim (once: a watch refused stays refused).
+struct Waiting {
+    designation: Designation,
+    tx: mpsc::Sender<i64>,
+    http: Option<JoinHandle<()>>,
+    claim: Option<JoinHandle<()>>,
+}
+
+impl Waiting {
+    /// The wait at the URL, if there is one and none runs now.
+    fn ask_at_url(&mut self) {
+        let Some(url) = self.designation.release_url.clone() else {
+            return;
+        };
+        if self.http.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let (d, tx) = (self.designation.clone(), self.tx.clone());
+        self.http = Some(tokio::spawn(async move {
+            if let Some(token) = d.wait_at(&url).await {
+                let _ = tx.try_send(token);
+            }
+        }));
+    }
+
+    fn stop(self) {
+        for task in [self.http, self.claim].into_iter().flatten() {
+            task.abort();
+        }
+    }
+}
+
 impl DirectWait {
     /// A wait that also watches the claim through `leases` while designated.
-    pub fn watching(leases: Api<Lease>) -> Self {
+    pub fn watching(leases: (Api<Lease>, Refused)) -> Self {
         DirectWait {
             leases: Some(leases),
             waiting: None,
@@ -212,8 +240,8 @@ impl DirectWait {
     }
 
     /// The lock as last seen: wait for a direct grant while its status designates
-    /// `claim` (once per designation, URL and key; again after a failure only when
-    /// the status changes), showing the owner's wait `proof`.
+    /// `claim` (once per designation, URL and key; at the URL again after a failure
+    /// only when the status changes; on the claim once), showing the owner's wait `proof`.
     pub fn follow(&mut self, lock: &DistributedLock, claim: &str, proof: Option<&str>) {
         // A grant already here stays: it was verified for this claim's reserved token,
         // and the lock counts a successor told of its grant as a holder.
@@ -226,22 +254,31 @@ impl DirectWait {
             return;
         }
         let next = Designation::of(lock, claim, proof);
-        if let Some((current, task)) = &self.waiting
-            && Some(current) == next.as_ref()
-            && !task.is_finished()
+        if let Some(waiting) = self.waiting.as_mut()
+            && Some(&waiting.designation) == next.as_ref()
         {
+            waiting.ask_at_url();
             return;
         }
         self.stop();
         let Some(designation) = next else { return };
-        let (tx, rx) = oneshot::channel();
-        let (d, leases) = (designation.clone(), self.leases.clone());
-        let task = tokio::spawn(async move {
-            if let Some(token) = d.wait(leases).await {
-                let _ = tx.send(token);
-            }
+        let (tx, rx) = mpsc::channel(2);
+        let claim = self.leases.clone().map(|leases| {
+            let (d, tx) = (designation.clone(), tx.clone());
+            tokio::spawn(async move {
+                if let Some(token) = d.watch_claim(leases).await {
+                    let _ = tx.try_send(token);
+                }
+            })
         });
-        self.waiting = Some((designation, task));
+        let mut waiting = Waiting {
+            designation,
+            tx,
+            http: None,
+            claim,
+        };
+        waiting.ask_at_url();
+        self.waiting = Some(waiting);
         self.granted = Some(rx);
     }
 
@@ -252,12 +289,10 @@ impl DirectWait {
             return grant;
         }
         match self.granted.as_mut() {
-            Some(rx) => match rx.await {
-                Ok(granted) => granted,
-                Err(_) => {
-                    self.granted = None;
-                    std::future::pending().await
-                }
+            // Never closed while the wait holds a sender: pending until a grant comes.
+            Some(rx) => match rx.recv().await {
+                Some(granted) => granted,
+                None => std::future::pending().await,
             },
             None => std::future::pending().await,
         }
@@ -265,8 +300,8 @@ impl DirectWait {
 
     /// Stop waiting: no direct grant is taken until the next [`DirectWait::follow`].
     pub fn stop(&mut self) {
-        if let Some((_, task)) = self.waiting.take() {
-            task.abort();
+        if let Some(waiting) = self.waiting.take() {
+            waiting.stop();
         }
         self.granted = None;
         self.arrived = None;
@@ -365,7 +400,10 @@ mod tests {
         let lock = designating(&url, &key);
         let mut wait = DirectWait::default();
         wait.follow(&lock, "c-1", None);
-        let task = |w: &DirectWait| w.waiting.as_ref().is_none_or(|(_, t)| t.is_finished());
+        let task = |w: &DirectWait| {
+            let http = w.waiting.as_ref().and_then(|w| w.http.as_ref());
+            http.is_none_or(|t| t.is_finished())
+        };
         tokio::time::timeout(std::time::Duration::from_secs(5), async {
             while !task(&wait) {
                 tokio::task::yield_now().await;
@@ -377,6 +415,48 @@ mod tests {
         wait.follow(&lock, "c-1", None);
         let got = tokio::time::timeout(std::time::Duration::from_secs(1), wait.granted()).await;
         assert_eq!(got.ok(), Some(7), "the grant that came is taken");
+    }
+
+    #[tokio::test]
+    async fn a_wait_refused_is_made_again_on_a_later_status_of_the_same_designation() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let key = GrantKey::generate();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let replies = [
+            "HTTP/1.1 503 X\r\ncontent-length: 0\r\n\r\n".to_string(),
+            reply(7, &key.sign(&grant(7))),
+        ];
+        tokio::spawn(async move {
+            for reply in replies {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf).await.unwrap();
+                conn.write_all(reply.as_bytes()).await.unwrap();
+                tokio::spawn(async move {
+                    let _keep = conn;
+                    std::future::pending::<()>().await
+                });
+            }
+        });
+        let lock = designating(&url, &key);
+        // The claim's watch goes to an API server that never answers: it runs on.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let api = format!("http://{}", silent.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = silent.accept().await {
+                held.push(conn);
+            }
+        });
+        let client = kube::Client::try_from(kube::Config::new(api.parse().unwrap())).unwrap();
+        let mut wait = DirectWait::watching((Api::namespaced(client, "ns"), Default::default()));
+        wait.follow(&lock, "c-1", None);
+        let refused = tokio::time::timeout(std::time::Duration::from_millis(500), wait.granted()).await;
+        assert!(refused.is_err(), "refused: no grant");
+        wait.follow(&lock, "c-1", None); // a later status, the same designation
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), wait.granted()).await;
+        assert_eq!(got.ok(), Some(7), "asked again, and granted");
     }
 
     #[tokio::test]

@@ -36,25 +36,30 @@ pub(crate) struct KubeClaim {
     uid: Option<String>,
     lease: Duration,
     notice_target: Mutex<Option<NoticeTarget>>,
+    /// Shared by the claims of one lock handle: set once a watch of one was refused.
+    watch_refused: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Create the claim for `lock` and start its session (renewed at the waiting cadence);
-/// the handle is the renewal task.
+/// the handle is the renewal task. `watch_refused`: whether a watch of an earlier claim
+/// of this lock handle was refused (then this one asks for no grant written on it).
 pub(crate) async fn create(
     leases: Api<Lease>,
     lock: &str,
     identity: &PodIdentity,
-    lease_secs: i32,
+    (lease_secs, watch_refused): (i32, &Arc<std::sync::atomic::AtomicBool>),
 ) -> Result<(Arc<KubeClaim>, Arc<Session>, JoinHandle<()>), Error> {
     let name = claim::claim_name(lock);
     let lease = Duration::from_secs(lease_secs.max(1) as u64);
     let secret = Secret::generate();
     let mut obj = claim::claim_lease_with(&name, lock, identity, lease_secs, Some(&secret));
-    // This process watches its claim while designated (`grant_wait`).
-    obj.metadata
-        .annotations
-        .get_or_insert_default()
-        .insert(crate::protocol::GRANT_WATCH_ANNOTATION.into(), "true".into());
+    // This process watches its claim while designated (`grant_wait`), if it may.
+    if !watch_refused.load(std::sync::atomic::Ordering::Relaxed) {
+        obj.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(crate::protocol::GRANT_WATCH_ANNOTATION.into(), "true".into());
+    }
     // The first deadline counts from when the create was sent, like every renewal's.
     let sent = Instant::now();
     let created = create_or_withdraw(&leases, &name, obj, &secret).await?;
@@ -72,6 +77,7 @@ pub(crate) async fn create(
         uid: created.metadata.uid,
         lease,
         notice_target: Mutex::default(),
+        watch_refused: Arc::clone(watch_refused),
     });
     let (session, task) = Session::start(name, lease, (sent, Cadence::Waiting), renewer);
     Ok((claim, session, task))
@@ -85,9 +91,10 @@ impl KubeClaim {
         self.secret.hash()
     }
 
-    /// The Leases of the claim's namespace (to watch the claim while designated).
-    pub fn leases(&self) -> Api<Lease> {
-        self.leases.clone()
+    /// The Leases of the claim's namespace (to watch the claim while designated), and
+    /// the flag its lock handle's claims share, set once such a watch was refused.
+    pub fn leases(&self) -> (Api<Lease>, Arc<std::sync::atomic::AtomicBool>) {
+        (self.leases.clone(), Arc::clone(&self.watch_refused))
     }
 
     /// What the owner shows when it waits for a direct grant.
@@ -287,7 +294,8 @@ mod tests {
             }
         });
         let pod = identity();
-        let create = create(leases(client), "l", &pod, 15);
+        let refused = Arc::default();
+        let create = create(leases(client), "l", &pod, (15, &refused));
         let dropped = tokio::time::timeout(Duration::from_millis(50), create).await;
         assert!(dropped.is_err(), "the caller gave up while the create was out");
         let patch = tokio::time::timeout(Duration::from_secs(10), patches.recv())
@@ -312,7 +320,9 @@ mod tests {
                 false => (200, claim_lease()),
             }
         });
-        let (_claim, session, _task) = create(leases(client), "l", &identity(), 15).await.unwrap();
+        let (_claim, session, _task) = create(leases(client), "l", &identity(), (15, &Default::default()))
+            .await
+            .unwrap();
         session.hold().await.unwrap();
         tokio::time::sleep(Duration::from_secs(30)).await;
         assert!(
@@ -328,7 +338,9 @@ mod tests {
             let lease = Duration::from_secs(secs);
             let sent = Instant::now();
             let leases = black_holed_after_create(Duration::from_millis(100));
-            let (_claim, session, task) = create(leases, "l", &identity(), secs as i32).await.unwrap();
+            let (_claim, session, task) = create(leases, "l", &identity(), (secs as i32, &Default::default()))
+                .await
+                .unwrap();
             session
                 .hold()
                 .await
@@ -348,7 +360,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_waiting_claim_writes_every_80_s_and_a_held_one_every_third_of_its_lease() {
         let (leases, patches) = counting_patches(Duration::from_millis(5));
-        let (_claim, session, _task) = create(leases, "l", &identity(), 15).await.unwrap();
+        let (_claim, session, _task) = create(leases, "l", &identity(), (15, &Default::default()))
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_secs(600)).await;
         let waiting = patches.load(Ordering::SeqCst);
         // 600 s / 80 s: 7 renewals (the eighth is due at 640 s).
@@ -369,7 +383,9 @@ mod tests {
         let lease = Duration::from_secs(15);
         let takes = Duration::from_secs(2);
         let (leases, patches) = counting_patches(takes);
-        let (_claim, session, _task) = create(leases, "l", &identity(), 15).await.unwrap();
+        let (_claim, session, _task) = create(leases, "l", &identity(), (15, &Default::default()))
+            .await
+            .unwrap();
         // Granted 100 s on: its last write (the renewal at 60 s) stops it by 71.25 s.
         tokio::time::sleep(Duration::from_secs(100)).await;
         let before = patches.load(Ordering::SeqCst);
@@ -392,7 +408,9 @@ mod tests {
         let lease = Duration::from_secs(15);
         let created = Instant::now();
         let leases = black_holed_after_create(Duration::from_millis(100));
-        let (_claim, session, task) = create(leases, "l", &identity(), 15).await.unwrap();
+        let (_claim, session, task) = create(leases, "l", &identity(), (15, &Default::default()))
+            .await
+            .unwrap();
         session.lost().await;
         let at = created.elapsed();
         let by = client_stop_by(Duration::ZERO, crate::protocol::timing::wait_lease(lease));
@@ -409,7 +427,9 @@ mod tests {
     async fn a_waiter_is_not_lost_to_failing_renewals_but_a_claim_granted_then_is_within_its_lease() {
         let lease = Duration::from_secs(15);
         let leases = black_holed_after_create(Duration::from_millis(100));
-        let (_claim, session, task) = create(leases, "l", &identity(), 15).await.unwrap();
+        let (_claim, session, task) = create(leases, "l", &identity(), (15, &Default::default()))
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_secs(100)).await;
         assert!(session.is_live(), "waiting: its holder's deadline is no deadline");
         let granted = Instant::now();

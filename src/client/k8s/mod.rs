@@ -40,6 +40,10 @@ pub(crate) struct Kube {
     /// Writes the claim (create, renewals, the release): a pool of its own, see
     /// [`super::LockBuilder::write_client`].
     pub writes: Client,
+    /// Set once a watch of one of this handle's claims was refused (a client Role
+    /// without `watch` on Leases): its claims ask for no grant written on them from
+    /// then on ([`crate::protocol::GRANT_WATCH_ANNOTATION`]).
+    pub claim_watch_refused: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Backend for Kube {
@@ -70,7 +74,13 @@ impl Kube {
         let mut anew = ClaimsAnew::default();
         loop {
             anew.pause(&request.mode).await?;
-            let (claim, session, renewal) = lease::create(leases.clone(), request.name, request.identity, secs).await?;
+            let (claim, session, renewal) = lease::create(
+                leases.clone(),
+                request.name,
+                request.identity,
+                (secs, &self.claim_watch_refused),
+            )
+            .await?;
             let given_up: Arc<dyn Claim> = claim.clone();
             // If this future is dropped from here on, the claim is withdrawn.
             let mut withdraw = Withdraw::arm(&session, &given_up);

@@ -127,7 +127,7 @@ impl TurnIo for LiveIo<'_> {
         Ok(step)
     }
 
-    fn grant_directly(&self, grant: &Grant<'_>) {
+    fn grant_directly(&self, grant: &Grant<'_>, designated_by: Option<&str>) {
         if self.ctx.k8s.notices.successors.grant(grant) {
             self.ctx.metrics.direct_grants.inc();
             tracing::debug!(
@@ -135,7 +135,7 @@ impl TurnIo for LiveIo<'_> {
                 token = grant.fencing_token,
                 "successor told of its grant"
             );
-        } else if super::claim_grant::write(self.ctx, grant) {
+        } else if super::claim_grant::write(self.ctx, grant, designated_by) {
             self.wrote_on_claim.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }

@@ -54,8 +54,10 @@ pub trait TurnIo: ClaimIo {
         current: &mut DistributedLock,
         status: DistributedLockStatus,
     ) -> impl Future<Output = Result<Step, Error>> + Send;
-    /// Tell the designated successor of its grant (before the status write).
-    fn grant_directly(&self, grant: &Grant<'_>);
+    /// Tell the designated successor of its grant (before the status write);
+    /// `designated_by` is the `grantKey` of the stored status that designated it (the
+    /// key its client checks the grant by).
+    fn grant_directly(&self, grant: &Grant<'_>, designated_by: Option<&str>);
     /// Between telling a successor and the status write: the controller lets a
     /// successor told on its claim start first ([`super::claim_grant::CLAIM_GRANT_SETTLE`]).
     /// Safe to put off: the stored status designates the successor, so every decision
@@ -150,6 +152,7 @@ fn grants_restart_expiry<IO: TurnIo>(io: &IO, ns: &str, plan: &Plan<IO::Moment>)
 fn grant_directly<IO: TurnIo>(io: &IO, current: &DistributedLock, plan: &Plan<IO::Moment>) {
     let (ns, lock) = (current.namespace().unwrap_or_default(), current.name_any());
     let lock_uid = current.metadata.uid.as_deref().unwrap_or_default();
+    let designated_by = current.status.as_ref().and_then(|s| s.grant_key.as_deref());
     let tell = |claim: &str, fencing_token: i64| {
         let grant = Grant {
             namespace: &ns,
@@ -158,7 +161,7 @@ fn grant_directly<IO: TurnIo>(io: &IO, current: &DistributedLock, plan: &Plan<IO
             claim,
             fencing_token,
         };
-        io.grant_directly(&grant);
+        io.grant_directly(&grant, designated_by);
     };
     if mutant(Mutant::DirectGrantBeforeStored) {
         // Every grant of the plan, designated in the stored status or not.

@@ -207,6 +207,15 @@ class Designation:
         return Designation(url, key, meta["namespace"], meta["name"], meta["uid"], claim, int(successor["fencingToken"]), proof)
 
 
+def close_response(response: Any) -> None:
+    """Close a streamed response another thread may be reading (``close()`` may block
+    behind the read in progress; urllib3's ``shutdown()`` does not)."""
+    try:
+        response.shutdown() if hasattr(response, "shutdown") else response.close()
+    except Exception:  # noqa: BLE001 - closing a dead connection may fail
+        pass
+
+
 class DirectWait:
     """A claim's wait for a direct grant, following the lock's status: one request held
     open at the controller while the status designates the claim, and, with
@@ -215,45 +224,56 @@ class DirectWait:
     handed to ``granted(generation, token)``; :meth:`stop` starts a new generation, so a
     grant of an abandoned wait is told apart."""
 
-    def __init__(self, granted: Callable[[int, int], None], watch_claim: Optional[Callable[[Callable[[dict], bool], Callable[[], bool]], None]] = None) -> None:
+    def __init__(self, granted: Callable[[int, int], None], watch_claim: Optional[Callable[..., None]] = None) -> None:
         self._granted = granted
         self._watch_claim = watch_claim
         self._lock = threading.Lock()
         self.generation = 0
         self._current: Optional[Designation] = None
         self._conn: Optional[http.client.HTTPConnection] = None
-        self._running = 0
+        self._watch_response: Any = None
+        self._http_running = False
         self._arrived = False
 
     def follow(self, lock: Mapping[str, Any], claim: str, proof: Optional[str]) -> None:
         """Wait for a direct grant while ``lock``'s status designates ``claim`` (once per
-        designation; again after a failure only when the status changes)."""
+        designation; at the URL again after a failure only when the status changes; on
+        the claim once: a watch refused stays refused)."""
         nxt = Designation.of(lock, claim, proof)
         with self._lock:
             # A grant already here stays: it was verified for this claim's reserved token,
             # and the lock counts a successor told of its grant as a holder.
-            if self._arrived or (nxt is not None and nxt == self._current and self._running > 0):
+            if self._arrived:
+                return
+            if nxt is not None and nxt == self._current:
+                if nxt.release_url and not self._http_running:
+                    self._start(self._wait, nxt, "leasehold-direct-grant")
                 return
         self.stop()
         if nxt is None:
             return
-        waits: List[Tuple[Callable[[Designation, int], None], str]] = []
-        if nxt.release_url:
-            waits.append((self._wait, "leasehold-direct-grant"))
-        if self._watch_claim is not None:
-            waits.append((self._watch, "leasehold-claim-grant"))
         with self._lock:
-            self._current, self._running = nxt, len(waits)
-            generation = self.generation
-        for target, name in waits:
-            threading.Thread(target=target, args=(nxt, generation), name=name, daemon=True).start()
+            self._current = nxt
+            if self._watch_claim is not None:
+                self._start(self._watch, nxt, "leasehold-claim-grant")
+            if nxt.release_url:
+                self._start(self._wait, nxt, "leasehold-direct-grant")
+
+    def _start(self, target: Callable[[Designation, int], None], d: Designation, name: str) -> None:
+        """Start one wait of the current generation (called with ``_lock`` held)."""
+        if target == self._wait:
+            self._http_running = True
+        threading.Thread(target=target, args=(d, self.generation), name=name, daemon=True).start()
 
     def stop(self) -> None:
         """Stop waiting: no grant of the current wait is taken from here on."""
         with self._lock:
             self.generation += 1
-            self._current, self._running, self._arrived = None, 0, False
+            self._current, self._http_running, self._arrived = None, False, False
             conn, self._conn = self._conn, None
+            response, self._watch_response = self._watch_response, None
+        if response is not None:
+            close_response(response)
         if conn is not None:
             try:
                 if conn.sock is not None:
@@ -261,11 +281,14 @@ class DirectWait:
             except OSError:
                 pass
 
-    def _opened(self, generation: int) -> Callable[[Any], None]:
+    def _keeping(self, generation: int, attribute: str) -> Callable[[Any], None]:
+        """Keep a wait's connection (``_conn``) or response (``_watch_response``) for
+        :meth:`stop` to close, if the wait is still current; else close it and raise."""
+
         def keep(conn: Any) -> None:
             with self._lock:
                 if generation == self.generation:
-                    self._conn = conn
+                    setattr(self, attribute, conn)
                     return
             conn.close()
             raise ConnectionAbortedError("the wait was stopped")
@@ -279,10 +302,10 @@ class DirectWait:
             self._arrived = True
         self._granted(generation, d.token)
 
-    def _done(self, generation: int) -> None:
+    def _http_done(self, generation: int) -> None:
         with self._lock:
             if generation == self.generation:
-                self._running -= 1
+                self._http_running = False
 
     def _watch(self, d: Designation, generation: int) -> None:
         message = p.grant_message(d.namespace, d.lock, d.lock_uid, d.claim, d.token)
@@ -294,11 +317,8 @@ class DirectWait:
             self._take(d, generation)
             return True
 
-        try:
-            assert self._watch_claim is not None
-            self._watch_claim(seen, lambda: generation == self.generation)
-        finally:
-            self._done(generation)
+        assert self._watch_claim is not None
+        self._watch_claim(seen, lambda: generation == self.generation, self._keeping(generation, "_watch_response"))
 
     def _wait(self, d: Designation, generation: int) -> None:
         url = p.endpoint(d.release_url, GRANT_PATH) if d.release_url else None
@@ -309,7 +329,7 @@ class DirectWait:
             while url is not None:
                 sent = time.monotonic()
                 try:
-                    code, headers = post_json(url, body, None, self._opened(generation))
+                    code, headers = post_json(url, body, None, self._keeping(generation, "_conn"))
                 except (OSError, http.client.HTTPException) as e:
                     log.debug("waiting for a direct grant failed: %s", e)
                     return
@@ -333,4 +353,4 @@ class DirectWait:
                     )
                 return
         finally:
-            self._done(generation)
+            self._http_done(generation)

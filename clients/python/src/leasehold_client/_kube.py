@@ -26,7 +26,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
 from . import protocol as p
-from ._http import REACH, notice_written
+from ._http import REACH, close_response, notice_written
 from .errors import ApiError
 from .session import Renewal
 
@@ -36,6 +36,9 @@ MERGE_PATCH = "application/merge-patch+json"
 #: How long one watch of a designated claim lasts before it is made anew (a stopped
 #: wait's watch ends at its next event, or then).
 CLAIM_WATCH_SECONDS = 60
+#: Set once this process was refused a watch of its claim (a client Role without
+#: ``watch`` on Leases): its claims ask for no grant written on them from then on.
+_claim_watch_refused = threading.Event()
 
 
 #: Seconds a connection is idle before the first keepalive probe.
@@ -150,10 +153,7 @@ class LockWatch:
         with self._lock:
             response, self._response = self._response, None
         if response is not None:
-            try:
-                response.shutdown() if hasattr(response, "shutdown") else response.close()
-            except Exception:  # noqa: BLE001 - closing a dead connection may fail
-                pass
+            close_response(response)
 
     def _emit(self, kind: str, obj: Optional[dict]) -> None:
         with self._lock:
@@ -253,6 +253,8 @@ class KubeClaim:
         name = p.claim_name(lock)
         secret = p.Secret()
         body = p.claim_lease(name, lock, pod, lease_seconds, secret)
+        if _claim_watch_refused.is_set():
+            del body["metadata"]["annotations"][p.GRANT_WATCH_ANNOTATION]
         sent = time.monotonic()
         try:
             # A plain dict is sent as it is (the generated signature names the model class).
@@ -298,11 +300,12 @@ class KubeClaim:
             return (False, None)
         return (True, None if (lease.get("metadata") or {}).get("deletionTimestamp") else lease)
 
-    def watch_self(self, seen: Callable[[dict], bool], alive: Callable[[], bool]) -> None:
+    def watch_self(self, seen: Callable[[dict], bool], alive: Callable[[], bool], opened: Callable[[Any], None]) -> None:
         """Watch this claim, from what it is now, handing each version to ``seen`` until it
         returns True or ``alive()`` is false (checked at each event; a watch lasts
-        ``CLAIM_WATCH_SECONDS``). Returns at once when the watch cannot be made: a client
-        Role without ``watch`` on Leases, among others."""
+        ``CLAIM_WATCH_SECONDS``). Each watch's response goes to ``opened`` first (which
+        may close it, and raise, for a wait already stopped). Returns at once when the
+        watch cannot be made: a client Role without ``watch`` on Leases, among others."""
         selector = f"metadata.name={self.name}"
         while alive():
             started = time.monotonic()
@@ -312,10 +315,17 @@ class KubeClaim:
                     timeout_seconds=CLAIM_WATCH_SECONDS, _preload_content=False,
                     _request_timeout=(10, CLAIM_WATCH_SECONDS + 40),
                 )
-            except Exception as e:  # noqa: BLE001 - 403 and the like: the status tells instead
+            except ApiException as e:
+                if e.status == 403:
+                    self._ask_for_no_grant()
+                else:
+                    log.debug("watching claim %s for its grant failed: %s", self.name, e)
+                return
+            except Exception as e:  # noqa: BLE001 - the status tells instead
                 log.debug("watching claim %s for its grant failed: %s", self.name, e)
                 return
             try:
+                opened(response)
                 for kind, lease in _events(response):
                     if not alive():
                         return
@@ -326,6 +336,20 @@ class KubeClaim:
             finally:
                 response.close()
             time.sleep(max(0.0, started + 1.0 - time.monotonic()))
+
+    def _ask_for_no_grant(self) -> None:
+        """Refused a watch of the claim: take its ask for a grant written on it back (the
+        controller would write it, and put its status write off, for nothing), and ask on
+        no later claim of this process."""
+        _claim_watch_refused.set()
+        log.info(
+            "the client Role may not watch Leases: grants come by the lock's status "
+            "(grant it watch on leases for faster handoffs without release notices)"
+        )
+        try:
+            self._patch({"metadata": {"annotations": {p.GRANT_WATCH_ANNOTATION: None}}}, p.renew_timeout(self.lease))
+        except Exception as e:  # noqa: BLE001 - the controller then writes a grant no one reads
+            log.debug("taking claim %s's ask for a grant on it back failed: %s", self.name, e)
 
     @property
     def notice_target(self) -> Any:

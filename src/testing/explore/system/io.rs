@@ -158,7 +158,7 @@ impl TurnIo for ModelIo<'_> {
         Ok(self.sys().write_status(self.c, current, status))
     }
 
-    fn grant_directly(&self, grant: &Grant<'_>) {
+    fn grant_directly(&self, grant: &Grant<'_>, _designated_by: Option<&str>) {
         let mut sys = self.sys();
         sys.check_direct_grant(grant.claim, grant.fencing_token);
         let view = sys.ctrls[self.c].view.as_ref();
