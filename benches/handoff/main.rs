@@ -28,7 +28,9 @@
 //! `--csv PATH` (default `$CARGO_TARGET_DIR/handoff.csv`), `--no-notices` (the
 //! controller publishes no release URL: holders release through their claims alone,
 //! as before release notices), `--unanswered-notices` (the published URL's connections
-//! never complete, as when a NetworkPolicy drops the clients' packets to it).
+//! never complete, as when a NetworkPolicy drops the clients' packets to it),
+//! `--keep-logs DIR` (keep the section logs of the process paths, for
+//! `scripts/handoff-cpu.py`: where the CPU goes during each handoff).
 
 mod inproc;
 mod procs;
@@ -51,6 +53,8 @@ struct Args {
     /// The published release URL's connections never complete (a NetworkPolicy that
     /// drops the clients' packets to the controller).
     unanswered: bool,
+    /// Keep the section logs of the process paths here (`--keep-logs DIR`).
+    keep_logs: Option<PathBuf>,
 }
 
 fn args() -> Option<Args> {
@@ -64,6 +68,7 @@ fn args() -> Option<Args> {
         csv: value("--csv").map_or_else(|| target.join("handoff.csv"), PathBuf::from),
         notices: !argv.iter().any(|a| a == "--no-notices"),
         unanswered: argv.iter().any(|a| a == "--unanswered-notices"),
+        keep_logs: value("--keep-logs").map(PathBuf::from),
     })
 }
 
@@ -72,6 +77,9 @@ fn main() -> anyhow::Result<()> {
         println!("handoff: SKIPPED — a benchmark, not a test; run `cargo bench --features cli --bench handoff`");
         return Ok(());
     };
+    if let Some(dir) = &args.keep_logs {
+        procs::keep_logs(dir.clone())?;
+    }
     let kubeconfig = leasehold::testing::spawn_for_process(Path::new(LEASEHOLD), Duration::from_secs(600))?;
     let etcd = leasehold::dev::etcd_endpoint(&kubeconfig)?;
     tokio::runtime::Builder::new_multi_thread()

@@ -18,14 +18,25 @@ use crate::setup::{LOCK, namespace, namespace_on, pod};
 /// (times in ns from this machine's clock; `date` costs the same to both).
 const SECTION: &str = "echo start $(date +%s%N) >> $LOG; sleep 0.05; echo end $(date +%s%N) >> $LOG";
 
-/// A temp dir and its log file, removed when dropped.
-struct Log(PathBuf);
+/// Where the section logs are copied before their temp dirs go (`--keep-logs DIR`).
+static KEEP_LOGS: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Keep every section log in `dir` (for `scripts/handoff-cpu.py`).
+pub fn keep_logs(dir: PathBuf) -> std::io::Result<()> {
+    std::fs::create_dir_all(&dir)?;
+    let _ = KEEP_LOGS.set(dir);
+    Ok(())
+}
+
+/// A temp dir and its log file, removed when dropped (copied first to the
+/// [`keep_logs`] dir, as `WHAT.log`).
+struct Log(PathBuf, &'static str);
 
 impl Log {
-    fn new(what: &str) -> std::io::Result<Self> {
+    fn new(what: &'static str) -> std::io::Result<Self> {
         let dir = std::env::temp_dir().join(format!("leasehold-bench-{what}-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
-        Ok(Log(dir))
+        Ok(Log(dir, what))
     }
     fn path(&self) -> PathBuf {
         self.0.join("log")
@@ -34,6 +45,9 @@ impl Log {
 
 impl Drop for Log {
     fn drop(&mut self) {
+        if let Some(keep) = KEEP_LOGS.get() {
+            let _ = std::fs::copy(self.path(), keep.join(format!("{}.log", self.1)));
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
