@@ -4,11 +4,13 @@
 Records every context switch while the benchmark runs, then, for each handoff (one
 section's `end` line to the next section's `start` line in the kept log), adds up the
 CPU time each process spent inside it, by role: the holder's process tree (`H.`), the
-next holder's (`W.`), the other queued contenders (`Q.`), a contender started within
-50 ms before it (`N.`), and everything else by command name; `idle` is the idle CPUs'
+next holder's (`W.`), a contender started less than 50 ms before the handoff began or
+during it (`N.`: the bench starts one as each holder exits), the other queued
+contenders (`Q.`), and everything else by command name; `idle` is the idle CPUs'
 share. With `--timeline`, also prints the median handoff's schedule on each CPU.
 
     B=$(cargo bench --features cli --bench handoff --no-run 2>&1 | sed -n 's/.*(\\(.*\\))$/\\1/p')
+    mkdir -p /tmp/h
     perf record -a -k monotonic -o /tmp/h/perf.data \\
         -e sched:sched_switch,sched:sched_process_exec,sched:sched_process_exit,sched:sched_process_fork \\
         -- $B --bench --rounds 100 --only etcd-run,etcdctl --keep-logs /tmp/h
@@ -66,6 +68,8 @@ class Trace:
                 self.execs[pid].append((t, rest.split()[0].split("=", 1)[1]))
             elif event == "sched:sched_process_exit" and pid == tid:
                 self.exits[pid] = t
+        if offset is None:
+            sys.exit(f"{path}: no event with a time of day (perf record -k monotonic; perf script -F ...,tod,...)")
         self.starts = {cpu: [r[0] for r in rs] for cpu, rs in self.runs.items()}
         processes = {p for rs in self.runs.values() for _, _, p, _ in rs} | set(self.execs)
         self.children = collections.defaultdict(list)

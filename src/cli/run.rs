@@ -4,7 +4,7 @@
 //! names) and `LEASEHOLD_FENCING_TOKEN`.
 //! SIGTERM/SIGINT are forwarded to it; when it exits the lock is released (a failed
 //! release is retried; if it still fails, the claim expires) and its exit status
-//! becomes ours, [`EXIT_SETTLE`] after the release. Our own failures exit 125; a lock not granted (`--timeout`, `--try`)
+//! becomes ours ([`EXIT_SETTLE`] after a graceful release). Our own failures exit 125; a lock not granted (`--timeout`, `--try`)
 //! exits 75 or `--timeout-exit-code`. If the grant is lost, CMD gets SIGTERM and,
 //! after the safety margin, SIGKILL — so it is dead before the lease could run out. CMD runs under
 //! `leasehold guard --supervise` ([`crate::supervise`]) in a process group of its own:
@@ -39,8 +39,9 @@ pub const RELEASE_TRIES: u32 = 4;
 /// How long `leasehold run` stays after a graceful release before it exits. Its exit
 /// (dropping its runtime and connections, the kernel freeing an 18 MiB process) costs
 /// over a millisecond of CPU; done at once, it competes with the next holder's start
-/// whenever both run on one node (measured: docs/measurements.md). The lock is already
-/// released and CMD's whole tree killed: only our exit status waits.
+/// whenever both run on one node (measured: docs/measurements.md). Only after a
+/// graceful release: CMD's whole tree has ended, the release has been written (or has
+/// failed, and the claim expires), and only our exit status waits.
 pub const EXIT_SETTLE: Duration = Duration::from_millis(20);
 
 /// Options of `leasehold run`.
@@ -123,7 +124,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let pid = Pid::from_raw(child.id().expect("a just-spawned child has a pid") as i32);
     ready.iter().for_each(|r| r.set(true));
-    let code = match watch_command(&mut child, pid, &mut started, &guard).await? {
+    let ended = watch_command(&mut child, pid, &mut started, &guard).await?;
+    // CMD no longer runs under the grant: not Ready from now, through the release and
+    // until we exit, while the next holder may already be Ready.
+    ready.iter().for_each(|r| r.set(false));
+    let code = match ended {
         // The supervisor saw CMD end with nothing of its tree left (it is a subreaper:
         // nothing of CMD's can be anywhere but below it) and is only exiting now:
         // release at once, and reap it after.
@@ -135,8 +140,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             // Off the handoff: should anything of CMD's have been re-parented to us
             // after all (a report it forged as root), it dies with us, not after.
             outlived_by_nothing();
-            // The lock is free: give the CPU to the next holder's start before our
-            // own exit's work.
+            // The release is done (or failed, and the claim expires): give the CPU to
+            // the next holder's start before our own exit's work.
             tokio::time::sleep(EXIT_SETTLE).await;
             code
         }
@@ -149,7 +154,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             crate::supervise::exit_status(status)
         }
         Ended::Lost => {
-            ready.iter().for_each(|r| r.set(false));
             stop_on_loss((&mut child, pid), guard, &args.lock).await;
             EXIT_LOST
         }

@@ -194,6 +194,8 @@ async fn run_says_when_no_controller_has_queued_its_claim() {
     assert!(log(&dir).is_empty());
 }
 
+/// A release that fails is retried, CMD's status is returned, and `--ready-port` says
+/// not Ready from CMD's end on (through the release), not only once we exit.
 #[tokio::test]
 async fn run_retries_a_failed_release_and_returns_cmds_status() {
     let ns = TestNs::new("relretry").await;
@@ -207,13 +209,21 @@ async fn run_retries_a_failed_release_and_returns_cmds_status() {
         "echo start $POD_NAME >> $LOG; while [ ! -e {} ]; do sleep 0.05; done; exit 3",
         go.display()
     );
-    let mut run_a = run(&proxied, &ns, &a, &dir, &[], &script);
+    let port = free_port();
+    let mut run_a = run(&proxied, &ns, &a, &dir, &["--ready-port", &port.to_string()], &script);
     wait_log(&dir, "a starts", |l| l.len() == 1).await;
+    assert_eq!(probe_ready(port).await, "HTTP/1.1 200 OK", "Ready while CMD runs");
     // The API server refuses a's connections just as CMD ends: the release fails. The
     // path comes back once a says it retries (within its release budget, 15 s here).
     proxy.refuse();
     std::fs::write(&go, "").unwrap();
     wait_stderr(&dir, "a", "releasing failed; retrying", DEADLINE).await;
+    // CMD has ended: not Ready while the release is retried (the next holder may be).
+    assert_eq!(
+        probe_ready(port).await,
+        "HTTP/1.1 503 Service Unavailable",
+        "Ready after CMD ended"
+    );
     proxy.restore();
     let status = tokio::time::timeout(RUN_DEADLINE, run_a.wait()).await.unwrap().unwrap();
     assert_eq!(status.code(), Some(3), "CMD's status, whatever the release did");
@@ -224,6 +234,26 @@ async fn run_retries_a_failed_release_and_returns_cmds_status() {
     wait_event(&ns, "l", "Released").await;
     let reasons = event_reasons(&ns, "l").await;
     assert!(!reasons.iter().any(|r| r == "Revoked"), "{reasons:?}");
+}
+
+/// A port free on every address now (for `--ready-port`).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("[::]:0")
+        .or_else(|_| std::net::TcpListener::bind("0.0.0.0:0"))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The status line `leasehold run --ready-port PORT` answers a probe with.
+async fn probe_ready(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut out = String::new();
+    conn.read_to_string(&mut out).await.unwrap();
+    out.lines().next().unwrap_or_default().to_string()
 }
 
 /// `leasehold status` with `args`; its output.
