@@ -236,24 +236,10 @@ async fn run_retries_a_failed_release_and_returns_cmds_status() {
     assert!(!reasons.iter().any(|r| r == "Revoked"), "{reasons:?}");
 }
 
-/// A port free on every address now (for `--ready-port`).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("[::]:0")
-        .or_else(|_| std::net::TcpListener::bind("0.0.0.0:0"))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The status line `leasehold run --ready-port PORT` answers a probe with.
 async fn probe_ready(port: u16) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
-    let mut out = String::new();
-    conn.read_to_string(&mut out).await.unwrap();
-    out.lines().next().unwrap_or_default().to_string()
+    let (head, _) = get(port, "/").await.expect("the readiness endpoint answers");
+    head.lines().next().unwrap_or_default().to_string()
 }
 
 /// `leasehold status` with `args`; its output.
