@@ -2,7 +2,7 @@
 # (tests/e2e/multi-node.sh, tests/e2e/kind.sh); sourced after tests/e2e/scenario.sh,
 # whose settings and helpers it uses (LOG_MODE must be hostpath: every CMD appends
 # `start|end|term <token> <pod> <ns-time>` to one file all nodes share, one kernel and
-# one clock, and check-log judges the overlap from it).
+# one clock, and check-log judges each lock's overlap from its pods' lines: lock_lines).
 #
 # The provider also sets NODES (the worker node names, 3 or more), installs the chart
 # with its replicas on different nodes whatever the rollout (SPREAD_REPLICAS: the
@@ -20,6 +20,8 @@
 now_ns() { date +%s%N; }
 # An empty shared log every pod's user may append to.
 reset_log() { : > "$HOST_LOG_DIR/log"; chmod 0666 "$HOST_LOG_DIR/log"; }
+# starts LOCK: how many sections of LOCK's pods began.
+starts() { lock_lines "$1" | grep -c '^start '; }
 ms_since() { echo $(( ($2 - $1) / 1000000 )); }
 node_of() { k get pod -n "$1" "$2" -o jsonpath='{.spec.nodeName}'; }
 holder_of() { k get dlock -n "$NS" "$1" -o jsonpath='{.status.holders[0].pod}'; }
@@ -30,7 +32,13 @@ ready() { k get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].s
 # exit_code POD: the exit code of POD's (terminated) container.
 exit_code() { k get pod -n "$NS" "$1" -o jsonpath='{.status.containerStatuses[0].state.terminated.exitCode}'; }
 queued() { k get dlock -n "$NS" "$1" -o jsonpath='{.status.queue[*].pod}'; }
-other_start() { awk -v p="$1" '$1 == "start" && $3 != p { print $4 }' "$HOST_LOG_DIR/log" | sort -n | head -1; }
+# lock_lines LOCK: the shared log's lines of LOCK's pods (each fault names its pods
+# LOCK-...), by time. Other locks' pods write to the same file: the scenario's singleton
+# Deployment runs on through the faults, and a partition or a lost node moves its lock
+# too (a `term` of a section opened before reset_log, then a `start`).
+lock_lines() { awk -v p="$1-" '$1 ~ /^(start|end|term)$/ && index($3, p) == 1' "$HOST_LOG_DIR/log" | sort -n -k4,4; }
+# other_start POD: the first start of another pod of POD's lock (POD is LOCK-x).
+other_start() { lock_lines "${1%-*}" | awk -v p="$1" '$1 == "start" && $3 != p { print $4; exit }'; }
 # The worker nodes but $1.
 others() { local n; for n in $NODES; do [ "$n" = "$1" ] || echo "$n"; done; }
 
@@ -53,9 +61,10 @@ $POD_EXTRAS}" pod_spec Never "$lock" "$script" ${command:+"$command"} | sed 's/^
 # A CMD that holds until stopped: `start`, then `term` when SIGTERM comes.
 HOLD_SCRIPT="trap ''$(line term); exit 0'' TERM; $(line start); while true; do sleep 1; done"
 
-# check_log NAME: judge the shared log (open sections allowed: holders still running).
+# check_log NAME LOCK: judge LOCK's lines of the shared log (open sections allowed:
+# holders still running).
 check_log() {
-  sort -n -k4,4 "$HOST_LOG_DIR/log" | grep -E '^(start|end|term) ' > "$HOST_LOG_DIR/$1.sorted"
+  lock_lines "$2" > "$HOST_LOG_DIR/$1.sorted"
   "$LEASEHOLD" check-log --allow-open "$HOST_LOG_DIR/$1.sorted" | cut -c1-160 || fail "$1: the log shows an overlap:
 $(cat "$HOST_LOG_DIR/$1.sorted")"
 }
@@ -106,7 +115,7 @@ fault_partition() {
   echo "  partition -> old CMD stopped: $(ms_since "$t0" "$t_term") ms; -> next CMD started: $(ms_since "$t0" "$t_next") ms (bound $bound ms)"
   [ "$t_term" -lt "$t_next" ] || fail "the next holder started before the partitioned one stopped; the log has: $(cat "$HOST_LOG_DIR/log")"
   [ "$(ms_since "$t0" "$t_next")" -le "$bound" ] || { timeline "$t0" part part-b; fail "the lock took longer than $bound ms to move on"; }
-  check_log partition
+  check_log partition part
   node_heal "$hn"
   within 120 "$hn did not become Ready again after the partition healed" is True ready "$hn"
   within 120 "the partitioned holder's leasehold run did not exit 76 (lost)" is 76 exit_code "$h"
@@ -117,7 +126,7 @@ fault_partition() {
   # kubelet's own requests go the other way).
   within 120 "the partitioned holder did not report its loss" has_line "lost lock part" k logs -n "$NS" "$h"
   echo "  healed: $hn Ready, $h exited 76 (lost lock part), its CMD ran once"
-  check_log partition-healed
+  check_log partition-healed part
   clean_lock part
 }
 
@@ -157,7 +166,7 @@ fault_node_lost() {
   [ "$(k get pod -n "$NS" lost-a -o jsonpath='{.status.phase}')" = Running ] \
     || echo "  (lost-a's pod object is no longer Running: $(k get pod -n "$NS" lost-a -o jsonpath='{.status.phase}'))"
   echo "  node lost -> new leader seen: $(ms_since "$t0" "$t_lead") ms (bound $lead_bound); -> lost-b's CMD started: $(ms_since "$t0" "$t_next") ms (bound $next_bound); lost-a's pod object: $(k get pod -n "$NS" lost-a -o jsonpath='{.status.phase}')"
-  check_log node-lost
+  check_log node-lost lost
 }
 
 # The controller is upgraded (`helm upgrade` to a second image tag of the same build)
@@ -185,8 +194,8 @@ spec:
 YAML
     pod_spec Never upgrade "end=\$((\$(date +%s) + $secs)); while [ \$(date +%s) -lt \$end ]; do leasehold run --lock upgrade -- sh -c \"$inner\" || exit 1; done" \
       '["sh", "-c"]'; } | k apply -n "$NS" -f - >/dev/null
-  within 120 "the clients are not taking turns" at_least 10 grep -c '^start ' "$HOST_LOG_DIR/log"
-  before=$(grep -c '^start ' "$HOST_LOG_DIR/log")
+  within 120 "the clients are not taking turns" at_least 10 starts upgrade
+  before=$(starts upgrade)
   local t0; t0=$(now_ns)
   "$HELM" upgrade leasehold charts/leasehold -n "$SYSNS" --reuse-values --set image.tag=e2e-upgraded >/dev/null
   k rollout status -n "$SYSNS" deploy/leasehold --timeout=180s >/dev/null \
@@ -194,7 +203,7 @@ YAML
   local t1; t1=$(now_ns)
   echo "  upgraded to ${IMAGE%:*}:e2e-upgraded in $(ms_since "$t0" "$t1") ms; $before grants before it"
   k wait -n "$NS" --for=condition=complete job/upgrade --timeout=300s >/dev/null || fail "the contending clients did not finish: $(k get pods -n "$NS" -l app=upgrade -o wide 2>&1)"
-  sort -n -k4,4 "$HOST_LOG_DIR/log" | grep -E '^(start|end|term) ' > "$HOST_LOG_DIR/upgrade.sorted"
+  lock_lines upgrade > "$HOST_LOG_DIR/upgrade.sorted"
   "$LEASEHOLD" check-log "$HOST_LOG_DIR/upgrade.sorted" | cut -c1-160 || fail "upgrade: the log shows an overlap:
 $(cat "$HOST_LOG_DIR/upgrade.sorted")"
   after=$(awk -v t="$t1" '$1 == "start" && $4 > t' "$HOST_LOG_DIR/upgrade.sorted" | wc -l)
@@ -241,7 +250,7 @@ fault_fast_path() {
   echo "  leader $lead on $ln; holder on $a, successor on $b: direct grants ${direct0:-0} -> $direct1, release notices written ${written0:-0} -> $written1"
   [ "$direct1" -gt "$direct0" ] || fail "no direct grant crossed the pod network (leasehold_direct_grants_total $direct0 -> $direct1)"
   [ "$written1" -gt "$written0" ] || fail "no release notice crossed the pod network (written notices $written0 -> $written1)"
-  check_log fast-path
+  check_log fast-path fast
   node_block_port "$ln" "$ip" 8081
   local t0; t0=$(now_ns)
   pass fast-c fast-d
@@ -254,7 +263,7 @@ fault_fast_path() {
   # Without the mark the slot would pass only by expiry, after more than the lease.
   [ "$(ms_since "$c_end" "$d_start")" -le 10000 ] \
     || fail "the handoff waited for an expiry: the release mark did not follow the lost notice; the log has: $(cat "$HOST_LOG_DIR/log")"
-  check_log fast-path-blackholed
+  check_log fast-path-blackholed fast
   clean_lock fast
 }
 
