@@ -1,4 +1,4 @@
-//! Bugs this project once had, each behind a switch that is always off outside
+//! Bugs this project once had (or a change could put in), each behind a switch that is always off outside
 //! `cargo test`: the exhaustive explorers' mutation tests (`decide::explore`,
 //! `explore::system`) put them back one at a time and must find each.
 
@@ -58,12 +58,16 @@ pub(crate) enum Mutant {
     /// The etcd controller revokes the client's lease before moving the key onto its
     /// own: the key goes with the lease, and the waiter behind grants itself.
     EtcdClientLeaseRevokedFirst,
+    /// A designated successor takes any release mark on the one holder's claim as its
+    /// grant, not only one that opens the recorded hash (so a neighbour's forged mark
+    /// lets it act beside the holder).
+    HandoverByAnyMark,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
 impl Mutant {
     /// Every mutant, in the order they were added.
-    pub(crate) const ALL: [Mutant; 19] = [
+    pub(crate) const ALL: [Mutant; 20] = [
         Mutant::PodGoneAsStopped,
         Mutant::ForgedAsReleased,
         Mutant::DeletedClaimFreesAtOnce,
@@ -83,6 +87,7 @@ impl Mutant {
         Mutant::EtcdHoldBackWithoutFreshRead,
         Mutant::EtcdWriteWithoutRevision,
         Mutant::EtcdClientLeaseRevokedFirst,
+        Mutant::HandoverByAnyMark,
     ];
 
     /// Whether the decide core's world model (`decide::explore`) can show it; the
@@ -103,6 +108,7 @@ impl Mutant {
                 | Mutant::EtcdHoldBackWithoutFreshRead
                 | Mutant::EtcdWriteWithoutRevision
                 | Mutant::EtcdClientLeaseRevokedFirst
+                | Mutant::HandoverByAnyMark
         )
     }
 }

@@ -80,7 +80,10 @@ pub mod timing;
 #[cfg(test)]
 mod vectors;
 
+use k8s_openapi::api::coordination::v1::Lease;
+
 use crate::api::DistributedLockStatus;
+use crate::mutant::{Mutant, on as mutant};
 
 pub use claim::{BadClaim, PodIdentity};
 
@@ -146,6 +149,61 @@ pub fn still_grants(status: &DistributedLockStatus, claim: &str, token: i64) -> 
         || designated.is_some_and(|s| s.claim == claim && s.fencing_token == token)
 }
 
+/// The release that hands a lock of one slot on to its designated successor: what a
+/// successor may watch for instead of waiting for the controller to tell it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handover<'s> {
+    /// The claim of the one holder listed (revoked or not): the slot's occupant.
+    pub from: &'s str,
+    /// The release hash the lock recorded for it.
+    pub hash: &'s str,
+    /// The token reserved for the successor.
+    pub token: i64,
+}
+
+impl Handover<'_> {
+    /// Whether `lease` is the holder's claim carrying a release mark that opens the
+    /// recorded hash: its owner revealed the secret, so its work has stopped (a
+    /// neighbour who may patch Leases cannot write one; `"true"` never opens a hash).
+    pub fn released_by(&self, lease: &Lease) -> bool {
+        let valid = match release::judge(lease, Some(self.hash)) {
+            release::Mark::Valid => true,
+            release::Mark::Forged => mutant(Mutant::HandoverByAnyMark),
+            release::Mark::None => false,
+        };
+        lease.metadata.name.as_deref() == Some(self.from) && valid
+    }
+}
+
+/// The handover by which `status` (of a lock whose `spec.maxHolders` is `max_holders`,
+/// read from the same object) grants `claim`: when the lock has one slot, lists exactly
+/// one holder with a recorded release hash, and designates `claim` its successor. The
+/// successor is fenced like a holder (it leaves its place only by its grant, by
+/// withdrawing, or once certainly stopped) and the next slot to free is its, with the
+/// reserved token; with one slot that slot is the holder's, freed by its valid mark. So
+/// the holder's release mark is the successor's grant as surely as the controller's
+/// word: a successor that sees it takes it as a direct grant ([`grant`]). Not with
+/// several slots: one listed holder's release frees a slot only while `maxHolders`
+/// has not been lowered since, which a status cannot show.
+pub fn handover<'s>(max_holders: i32, status: &'s DistributedLockStatus, claim: &str) -> Option<Handover<'s>> {
+    let successor = status.successor.as_ref().filter(|s| s.claim == claim)?;
+    // As the lock keeps a designation: the head of its queue (a status naming it
+    // otherwise was not written by a controller, which would not fence it).
+    status.queue.first().filter(|w| w.claim == claim)?;
+    let [holder] = status.holders.as_slice() else {
+        return None;
+    };
+    if holder.claim == claim {
+        return None;
+    }
+    let hash = holder.release_hash.as_deref().filter(|h| release::is_hash(h))?;
+    (max_holders <= 1).then_some(Handover {
+        from: &holder.claim,
+        hash,
+        token: successor.fencing_token,
+    })
+}
+
 /// Whether `status` lists `claim` as a revoked holder whose slot is held back until its
 /// process has certainly stopped.
 pub fn held_back(status: &DistributedLockStatus, claim: &str) -> bool {
@@ -191,5 +249,96 @@ mod tests {
         assert_eq!(granted_token(&status, "a"), None, "a revoked holder holds nothing");
         assert_eq!(granted_token(&status, "b"), Some(4));
         assert_eq!(granted_token(&status, "c"), None);
+    }
+
+    /// One holder `a` (revoked or not) with `hash` recorded, `b` queued and designated
+    /// with token 8.
+    fn designating_b(hash: Option<&str>, revoked: bool) -> DistributedLockStatus {
+        let a = Holder {
+            release_hash: hash.map(String::from),
+            ..holder("a", 7, revoked)
+        };
+        let b = waiter("b");
+        DistributedLockStatus {
+            holders: vec![a],
+            queue: vec![b],
+            successor: Some(crate::api::Successor {
+                claim: "b".into(),
+                fencing_token: 8,
+                lease_duration_seconds: None,
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn waiter(claim: &str) -> crate::api::Waiter {
+        crate::api::Waiter {
+            claim: claim.into(),
+            pod: "p".into(),
+            pod_uid: "u".into(),
+            requested_at: Time(Timestamp::UNIX_EPOCH),
+            release_hash: None,
+            lease_duration_seconds: None,
+            wait_hash: None,
+        }
+    }
+
+    fn marked(name: &str, mark: &str) -> Lease {
+        let mut lease = Lease::default();
+        lease.metadata.name = Some(name.into());
+        lease.metadata.annotations = Some([(RELEASED_ANNOTATION.to_string(), mark.to_string())].into());
+        lease
+    }
+
+    #[test]
+    fn the_one_holders_mark_that_opens_its_recorded_hash_hands_the_slot_to_the_successor() {
+        let secret = release::Secret::generate();
+        let hash = secret.hash();
+        for revoked in [false, true] {
+            let status = designating_b(Some(&hash), revoked);
+            let h = handover(1, &status, "b").expect("a handover");
+            assert_eq!((h.from, h.hash, h.token), ("a", hash.as_str(), 8));
+            assert!(
+                still_grants(&status, "b", h.token),
+                "the status that designated it still grants it"
+            );
+            assert!(h.released_by(&marked("a", secret.reveal())));
+            let other = release::Secret::generate();
+            let mut unmarked = marked("a", "");
+            unmarked.metadata.annotations = None;
+            for (what, lease) in [
+                ("\"true\"", marked("a", "true")),
+                ("another secret", marked("a", other.reveal())),
+                ("the hash itself", marked("a", &hash)),
+                ("another claim's mark", marked("c", secret.reveal())),
+                ("no mark", unmarked.clone()),
+            ] {
+                assert!(!h.released_by(&lease), "{what} hands nothing on");
+            }
+        }
+    }
+
+    #[test]
+    fn no_handover_but_to_the_designated_head_behind_one_holder_with_a_hash_under_one_slot() {
+        let hash = release::Secret::generate().hash();
+        let ok = designating_b(Some(&hash), false);
+        assert!(handover(1, &ok, "b").is_some());
+        assert_eq!(handover(1, &ok, "a"), None, "not designated");
+        assert_eq!(handover(2, &ok, "b"), None, "several slots");
+        assert_eq!(handover(1, &designating_b(None, false), "b"), None, "no hash recorded");
+        assert_eq!(
+            handover(1, &designating_b(Some("true"), false), "b"),
+            None,
+            "not a hash"
+        );
+        let mut two = ok.clone();
+        two.holders.push(holder("c", 6, true));
+        assert_eq!(handover(1, &two, "b"), None, "two holders listed");
+        let mut behind = ok.clone();
+        behind.queue.insert(0, waiter("d"));
+        assert_eq!(handover(1, &behind, "b"), None, "not the head of the queue");
+        let mut itself = ok.clone();
+        itself.holders[0].claim = "b".into();
+        assert_eq!(handover(1, &itself, "b"), None, "its own holder entry");
     }
 }

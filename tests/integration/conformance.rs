@@ -436,7 +436,9 @@ async fn controller_rbac(ns: &TestNs, user: &str, status_writes: bool) {
 async fn a_designated_waiter_takes_the_grant_written_on_its_claim_while_the_status_cannot_be_written() {
     for kind in kinds() {
         let ns = TestNs::new("conf-claimgrant").await;
-        ns.lock("l", lock_spec(15, 1, None)).await;
+        // Two slots: a release mark is then no handover (`protocol::handover`), so only
+        // the controller's grant can tell the waiter.
+        ns.lock("l", lock_spec(15, 2, None)).await;
         // A controller acting as a user with the chart's rules, in the test namespace.
         let user = format!("conf-controller-{}", ns.name);
         controller_rbac(&ns, &user, true).await;
@@ -446,6 +448,9 @@ async fn a_designated_waiter_takes_the_grant_written_on_its_claim_while_the_stat
         );
         let config = client_kubeconfig(&ns, None).await;
         let (mut holder, (token, holder_claim), mut waiter) = holder_and_waiter(kind, &ns, (&config, &config)).await;
+        let mut other = Driven::start(kind, &config, "l", &ns.pod("other").await).await;
+        other.send("acquire").await;
+        let (_, _, other_claim) = other.acquired(DEADLINE).await;
         waiter.send("acquire").await;
         let designated = designated(&ns).await;
         let status = designated.status.clone().unwrap();
@@ -475,12 +480,12 @@ async fn a_designated_waiter_takes_the_grant_written_on_its_claim_while_the_stat
             "{kind:?}"
         );
         assert!(next > token);
-        // Nothing recorded the grant: the status still names the old holder alone.
+        // Nothing recorded the grant: the status still names the old holders alone.
         let now = ns.locks().get("l").await.unwrap().status.unwrap();
         let recorded: Vec<&str> = now.holders.iter().map(|h| h.claim.as_str()).collect();
         assert_eq!(
             recorded,
-            [holder_claim.as_str()],
+            [holder_claim.as_str(), other_claim.as_str()],
             "{kind:?}: the status was written after all"
         );
         let lease = Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
@@ -505,6 +510,7 @@ async fn a_designated_waiter_takes_the_grant_written_on_its_claim_while_the_stat
         })
         .await;
         waiter.release().await;
+        other.release().await;
         let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(ns.client.clone());
         bindings.delete(&user, &Default::default()).await.unwrap();
     }

@@ -530,3 +530,40 @@ async fn a_grant_copied_or_forged_onto_a_designated_claim_is_not_acted_on() {
     assert_eq!((c.claim(), c.fencing_token()), (cc, tc));
     c.release().await.unwrap();
 }
+
+/// A designated successor takes the holder's release mark as its grant only when the
+/// mark opens the release hash the lock recorded for the holder: a neighbour's mark on
+/// the holder's claim (`"true"`, or a secret of its own) hands the lock to nobody, with
+/// no controller running to judge it either; the holder's own mark then does.
+#[tokio::test]
+async fn a_release_mark_forged_on_the_holders_claim_hands_the_lock_to_nobody() {
+    use leasehold::protocol::RELEASED_ANNOTATION;
+    use leasehold::protocol::release::Secret;
+    let ns = TestNs::new("nb-handover").await;
+    let neighbour = ns.as_lock_user().await;
+    let controller = spawn_controller(&ns, "nb-handover"); // no URL: no notices
+    let (held, waiting, cb) = b_waits_behind_a(&ns, 15).await;
+    let l = ns.wait_lock("l", "b designated", |l| {
+        l.status
+            .as_ref()
+            .and_then(|s| s.successor.as_ref())
+            .is_some_and(|s| s.claim == cb)
+    });
+    let reserved = l.await.status.unwrap().successor.unwrap().fencing_token;
+    controller.stop().await;
+    for mark in ["true".to_string(), Secret::generate().reveal().to_string()] {
+        let patch = serde_json::json!({"metadata": {"annotations": {RELEASED_ANNOTATION: &mark}}});
+        neighbour_patch(&neighbour, &ns, held.claim(), patch).await;
+        // Not a synchronisation: the time b has to act on this mark (a client that took
+        // it would be granted within milliseconds of the write).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !waiting.is_finished(),
+            "b acted on a mark its holder did not write: {mark}"
+        );
+    }
+    held.release().await.unwrap();
+    let b = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap().unwrap();
+    assert_eq!((b.claim(), b.fencing_token()), (cb.as_str(), reserved));
+    b.release().await.unwrap();
+}

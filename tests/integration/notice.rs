@@ -3,7 +3,9 @@
 //! the lock on with no release mark written, a forged notice takes nothing away, a
 //! controller that never answers costs the notice's timeout, then the mark does the
 //! handoff; the successor is told of its grant before any status write, and a
-//! controller that never wrote it grants the same slot and token to the same claim.
+//! controller that never wrote it grants the same slot and token to the same claim;
+//! without notices, the holder's release mark is its successor's grant, with no
+//! controller running.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -327,6 +329,15 @@ async fn only_the_designated_claims_owner_may_wait_for_its_direct_grant() {
     second.release().await.unwrap();
 }
 
+/// The tokens of the holders the lock lists.
+fn holder_tokens(lock: &leasehold::api::DistributedLock) -> Vec<i64> {
+    lock.status
+        .iter()
+        .flat_map(|s| &s.holders)
+        .map(|h| h.fencing_token)
+        .collect()
+}
+
 /// The lock's designated successor: its claim and reserved token.
 fn successor(lock: &leasehold::api::DistributedLock) -> Option<(String, i64)> {
     let s = lock.status.as_ref()?.successor.as_ref()?;
@@ -379,13 +390,7 @@ async fn a_successor_is_granted_before_the_status_write_and_the_next_controller_
     controller_a.abort();
     let _controller_b = spawn_controller(&ns, "direct-b");
     let after = ns.wait_lock("l", "b listed as holder", |l| holders(l) == ["b"]).await;
-    let granted: Vec<i64> = after
-        .status
-        .iter()
-        .flat_map(|s| &s.holders)
-        .map(|h| h.fencing_token)
-        .collect();
-    assert_eq!(granted, [reserved], "b's reserved token, issued once");
+    assert_eq!(holder_tokens(&after), [reserved], "b's reserved token, issued once");
     let (_, token_c) = successor(&after).expect("c designated next");
     assert_eq!(queue(&after), ["c"]);
     assert!(token_c > reserved);
@@ -399,6 +404,40 @@ async fn a_successor_is_granted_before_the_status_write_and_the_next_controller_
         .unwrap();
     assert_eq!(third.fencing_token(), token_c);
     third.release().await.unwrap();
+}
+
+/// Without release notices (a controller publishing no URL), the holder's release mark
+/// is the designated successor's grant ([`leasehold::protocol::handover`]): with no
+/// controller running, the successor takes its reserved token from the mark alone, and
+/// the next controller lists it as the holder with that token.
+#[tokio::test]
+async fn with_no_controller_running_the_holders_release_mark_hands_the_lock_to_its_successor() {
+    let ns = TestNs::new("handover").await;
+    let controller_a = spawn_controller(&ns, "handover-a"); // no URL: no notices
+    ns.lock("l", spec(15)).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let first = lock_for(&ns, a).acquire().await.unwrap();
+    let lock_b = lock_for(&ns, b);
+    let waiter_b = tokio::spawn(async move { lock_b.acquire().await });
+    let designated = ns.wait_lock("l", "b designated", |l| successor(l).is_some()).await;
+    let (claim_b, reserved) = successor(&designated).unwrap();
+    controller_a.stop().await;
+
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(DEADLINE, waiter_b)
+        .await
+        .expect("b takes a's release mark as its grant")
+        .unwrap()
+        .unwrap();
+    assert_eq!((second.claim(), second.fencing_token()), (claim_b.as_str(), reserved));
+    let before_any_write = ns.locks().get("l").await.unwrap();
+    assert_eq!(holders(&before_any_write), ["a"], "b holds before any status lists it");
+
+    let _controller_b = spawn_controller(&ns, "handover-b");
+    let after = ns.wait_lock("l", "b listed as holder", |l| holders(l) == ["b"]).await;
+    assert_eq!(holder_tokens(&after), [reserved], "b's reserved token, issued once");
+    assert!(!second.is_lost(), "b held throughout");
+    second.release().await.unwrap();
 }
 
 /// A stand-in at `addr` answering every request "written" (200 with the controller's

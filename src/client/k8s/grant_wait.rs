@@ -1,9 +1,12 @@
 //! Waiting for a direct grant ([`crate::protocol::grant`]) while the lock's status
 //! designates the claim as its successor: one request held open at the controller's
-//! published URL, and a watch on the claim itself, where the controller writes the grant
-//! when it cannot tell it over HTTP ([`crate::protocol::DIRECT_GRANT_ANNOTATION`]). A
-//! grant is trusted only when its signature verifies against the key of the status that
-//! designated the claim, for the token reserved there.
+//! published URL, a watch on the claim itself, where the controller writes the grant
+//! when it cannot tell it over HTTP ([`crate::protocol::DIRECT_GRANT_ANNOTATION`]), and,
+//! on a lock of one slot, a watch on the holder's claim for the release mark that hands
+//! the slot on ([`crate::protocol::handover`]). A grant is trusted only when its
+//! signature verifies against the key of the status that designated the claim, for the
+//! token reserved there; a handover only when the mark opens the release hash that
+//! status recorded for the holder.
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -13,9 +16,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::api::DistributedLock;
-use crate::protocol::DIRECT_GRANT_ANNOTATION;
 use crate::protocol::grant::{GRANT_PATH, Grant, SIGNATURE_HEADER, TOKEN_HEADER, WaitFor};
 use crate::protocol::notice::endpoint;
+use crate::protocol::{DIRECT_GRANT_ANNOTATION, Handover};
 
 /// The least time between two waits for one designation (or two watches of the claim).
 const REASK_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
@@ -36,6 +39,53 @@ struct Designation {
     token: i64,
     /// The owner's wait proof, shown to the controller with the wait.
     proof: Option<String>,
+    /// The one holder's claim and the release hash recorded for it, when its valid
+    /// release mark is this claim's grant ([`crate::protocol::handover`]).
+    handover: Option<(String, String)>,
+}
+
+/// How a watch of one Lease ended.
+enum Watched {
+    /// A state of it was what the watch waited for.
+    Seen,
+    /// The client Role may not watch Leases.
+    Refused,
+    /// The watch could not be made.
+    Failed,
+}
+
+/// Watch the Lease `name` (its state now first, then each change) until `wanted` takes
+/// one, making the watch anew as it ends.
+async fn watch_lease(leases: &Api<Lease>, name: &str, wanted: impl Fn(&Lease) -> bool) -> Watched {
+    let params = WatchParams::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(CLAIM_WATCH_SECS);
+    loop {
+        let started = tokio::time::Instant::now();
+        // From "0": the Lease as it is now first, so a value written before the watch
+        // began is seen.
+        let events = match leases.watch(&params, "0").await {
+            Ok(events) => events,
+            Err(kube::Error::Api(s)) if s.code == 403 => return Watched::Refused,
+            Err(e) => {
+                tracing::debug!(lease = name, error = %e, "watching a claim failed");
+                return Watched::Failed;
+            }
+        };
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) if wanted(&lease) => {
+                    return Watched::Seen;
+                }
+                Ok(
+                    WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_) | WatchEvent::Bookmark(_),
+                ) => {}
+                Ok(WatchEvent::Error(_)) | Err(_) => break, // watch anew
+            }
+        }
+        tokio::time::sleep_until(started + REASK_AFTER).await;
+    }
 }
 
 impl Designation {
@@ -53,6 +103,8 @@ impl Designation {
             claim: claim.into(),
             token: successor.fencing_token,
             proof: proof.map(String::from),
+            handover: crate::protocol::handover(lock.spec.max_holders, status, claim)
+                .map(|h| (h.from.to_string(), h.hash.to_string())),
         })
     }
 
@@ -71,39 +123,42 @@ impl Designation {
     /// among others). A value that does not verify (a neighbour's, or one of an earlier
     /// designation) is passed over.
     async fn watch_claim(&self, (leases, refused): (Api<Lease>, Refused)) -> Option<i64> {
-        let params = WatchParams::default()
-            .fields(&format!("metadata.name={}", self.claim))
-            .timeout(CLAIM_WATCH_SECS);
-        loop {
-            let started = tokio::time::Instant::now();
-            // From "0": the claim as it is now first, so a grant written before the
-            // watch began is seen.
-            let events = match leases.watch(&params, "0").await {
-                Ok(events) => events,
-                Err(kube::Error::Api(s)) if s.code == 403 => {
-                    refused.store(true, std::sync::atomic::Ordering::Relaxed);
-                    self.ask_for_no_grant(&leases).await;
-                    return None;
-                }
-                Err(e) => {
-                    tracing::debug!(claim = self.claim, error = %e, "watching the claim for its grant failed");
-                    return None;
-                }
-            };
-            futures::pin_mut!(events);
-            while let Some(event) = events.next().await {
-                match event {
-                    Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) => {
-                        let value = lease.annotations().get(DIRECT_GRANT_ANNOTATION);
-                        if value.is_some_and(|v| self.grant().told_by_annotation(&self.key, v)) {
-                            return Some(self.token);
-                        }
-                    }
-                    Ok(WatchEvent::Deleted(_) | WatchEvent::Bookmark(_)) => {}
-                    Ok(WatchEvent::Error(_)) | Err(_) => break, // watch anew
-                }
+        let grant = self.grant();
+        let told = |lease: &Lease| {
+            let value = lease.annotations().get(DIRECT_GRANT_ANNOTATION);
+            value.is_some_and(|v| grant.told_by_annotation(&self.key, v))
+        };
+        match watch_lease(&leases, &self.claim, told).await {
+            Watched::Seen => Some(self.token),
+            Watched::Refused => {
+                refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                self.ask_for_no_grant(&leases).await;
+                None
             }
-            tokio::time::sleep_until(started + REASK_AFTER).await;
+            Watched::Failed => None,
+        }
+    }
+
+    /// Watch the one holder's claim until it carries the release mark that opens the
+    /// hash recorded for it: the slot is this claim's, with the reserved token (`Some`).
+    /// `None` when there is no handover to wait for, or the watch cannot be made.
+    async fn watch_handover(&self, leases: Api<Lease>) -> Option<i64> {
+        let (from, hash) = self.handover.as_ref()?;
+        let handover = Handover {
+            from,
+            hash,
+            token: self.token,
+        };
+        match watch_lease(&leases, from, |lease| handover.released_by(lease)).await {
+            Watched::Seen => {
+                tracing::debug!(
+                    claim = self.claim,
+                    holder = from,
+                    "the holder's release mark hands the lock on"
+                );
+                Some(self.token)
+            }
+            Watched::Refused | Watched::Failed => None,
         }
     }
 
@@ -202,6 +257,7 @@ struct Waiting {
     tx: mpsc::Sender<i64>,
     http: Option<JoinHandle<()>>,
     claim: Option<JoinHandle<()>>,
+    handover: Option<JoinHandle<()>>,
 }
 
 impl Waiting {
@@ -222,7 +278,7 @@ impl Waiting {
     }
 
     fn stop(self) {
-        for task in [self.http, self.claim].into_iter().flatten() {
+        for task in [self.http, self.claim, self.handover].into_iter().flatten() {
             task.abort();
         }
     }
@@ -271,11 +327,24 @@ impl DirectWait {
                 }
             })
         });
+        let handover = self
+            .leases
+            .clone()
+            .filter(|_| designation.handover.is_some())
+            .map(|(leases, _)| {
+                let (d, tx) = (designation.clone(), tx.clone());
+                tokio::spawn(async move {
+                    if let Some(token) = d.watch_handover(leases).await {
+                        let _ = tx.try_send(token);
+                    }
+                })
+            });
         let mut waiting = Waiting {
             designation,
             tx,
             http: None,
             claim,
+            handover,
         };
         waiting.ask_at_url();
         self.waiting = Some(waiting);

@@ -2,8 +2,9 @@
 //! answers, the grants it was told of, the lock it reads) and acts by the real client's
 //! rules ([`valid_until`], [`may_hold`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use super::objects::claim_lease;
 use super::{ClaimObj, Mark, Menu, Ms, Step, System, secs};
 use crate::api::DistributedLockStatus;
 use crate::client::session::{may_hold, valid_until};
@@ -40,6 +41,12 @@ pub(super) struct Client {
     /// status they came with records its claim as it wrote it ([`record::check`]), and
     /// the highest token of a process that had certainly stopped when it was issued.
     told: BTreeMap<i64, (bool, i64)>,
+    /// Handovers it was designated for ([`crate::protocol::handover`]) by statuses that
+    /// record its claim as it wrote it: the one holder's claim whose valid release mark
+    /// grants it, the token reserved for it, and the highest token of a process that had
+    /// stopped when it was reserved. Every one it ever saw (its watch of the lock may
+    /// lag, so it may follow an older designation than the stored status).
+    handovers: BTreeSet<(String, i64, i64)>,
 }
 
 impl Client {
@@ -107,6 +114,7 @@ impl System {
             Phase::Waiting => {
                 out.push(Step::Renew(i));
                 out.extend((!c.told.is_empty()).then_some(Step::Hold(i)));
+                out.extend(self.handed_over(i).is_some().then_some(Step::SeeMark(i)));
                 out.push(Step::Release(i));
             }
             Phase::Acting => {
@@ -284,16 +292,64 @@ impl System {
         }
     }
 
-    /// The client of claim `claim` is told of its grant with `token`, with `status`,
-    /// which it checks records its claim as it wrote it.
-    pub(super) fn tell(&mut self, claim: &str, token: i64, status: &DistributedLockStatus) {
-        let (lease, stopped_before) = (self.cfg.client_lease, self.stopped_max);
+    /// The waiting client of claim `claim`, and its index.
+    fn waiting(&mut self, claim: &str) -> Option<(usize, &mut Client)> {
         let c = self
             .clients
             .iter_mut()
             .enumerate()
             .find(|(_, c)| c.claim.as_deref() == Some(claim));
-        let Some((i, c)) = c.filter(|(_, c)| c.phase == Phase::Waiting) else {
+        c.filter(|(_, c)| c.phase == Phase::Waiting)
+    }
+
+    /// A status is written that designates the claim of a waiting client for a handover:
+    /// the client follows it if the status records its claim as it wrote it (else it
+    /// withdraws on reading it, following nothing).
+    pub(super) fn designate(&mut self, status: &DistributedLockStatus, max_holders: i32) {
+        let (lease, stopped_before) = (self.cfg.client_lease, self.stopped_max);
+        let Some(claim) = status.successor.as_ref().map(|s| s.claim.as_str()) else {
+            return;
+        };
+        let Some(h) = crate::protocol::handover(max_holders, status, claim) else {
+            return;
+        };
+        let Some((i, c)) = self.waiting(claim) else {
+            return;
+        };
+        if record::check(status, claim, &wrote(i, lease).written()).is_ok() {
+            c.handovers.insert((h.from.to_string(), h.token, stopped_before));
+        }
+    }
+
+    /// A handover client `i` follows whose holder's claim, as stored now, carries a
+    /// release mark that opens the recorded hash (judged by the real rule), for a token
+    /// it was not told of yet: (token, stopped before).
+    fn handed_over(&self, i: usize) -> Option<(i64, i64)> {
+        let c = &self.clients[i];
+        c.handovers.iter().find_map(|(from, token, stopped_before)| {
+            let obj = self.server.claims.get(from)?;
+            let h = crate::protocol::Handover {
+                from,
+                hash: super::secret_hash(),
+                token: *token,
+            };
+            (!c.told.contains_key(token) && h.released_by(&claim_lease(from, obj))).then_some((*token, *stopped_before))
+        })
+    }
+
+    /// Client `i`'s watch of the holder's claim shows the release mark that hands the
+    /// slot on to it: it is told of its grant (and acts by [`System::hold`]'s rule).
+    pub(super) fn see_mark(&mut self, i: usize) {
+        if let Some((token, stopped_before)) = self.handed_over(i) {
+            self.clients[i].told.insert(token, (true, stopped_before));
+        }
+    }
+
+    /// The client of claim `claim` is told of its grant with `token`, with `status`,
+    /// which it checks records its claim as it wrote it.
+    pub(super) fn tell(&mut self, claim: &str, token: i64, status: &DistributedLockStatus) {
+        let (lease, stopped_before) = (self.cfg.client_lease, self.stopped_max);
+        let Some((i, c)) = self.waiting(claim) else {
             return;
         };
         let ok = record::check(status, claim, &wrote(i, lease).written()).is_ok();

@@ -238,6 +238,7 @@ impl System {
         let written = self.server.lock.as_mut().expect("stored");
         (written.status, written.rv) = (status.clone(), rv);
         let written = written.clone();
+        let max_holders = written.spec.max_holders;
         if let Some(v) = self.ctrls[c].view.as_mut() {
             v.lock = Some(written); // the controller's own write, as `Written` keeps it
         }
@@ -248,6 +249,7 @@ impl System {
         for (claim, token) in granted {
             self.tell(&claim, token, &status);
         }
+        self.designate(&status, max_holders);
         Step::Written
     }
 

@@ -4,7 +4,8 @@
 //! whole or watch by watch; leadership that moves, a deposed leader acting on its stale
 //! view until it reads that it lost; restarts), clients (create, wait, renew, hold, act,
 //! release by mark or notice, withdraw, hang on a renewal that lands unanswered, be
-//! killed, be told of a grant late), a neighbour with the client Role's rights (patch a
+//! killed, be told of a grant late, take the one holder's release mark as its grant
+//! while designated), a neighbour with the client Role's rights (patch a
 //! claim's lease down, remove it, strip its release hash, stamp a fencing token on it,
 //! forge its release mark, delete it, make a stamped claim of its own pod), pods
 //! (force-deleted with their processes running on, or stopped by the kubelet), a lock
@@ -203,6 +204,9 @@ pub(super) enum Step {
     Kill(usize),
     /// Client i reads the lock and finds its grant revoked.
     SeeRevoked(usize),
+    /// Client i, designated for a handover, sees the holder's claim carry a release mark
+    /// that opens the recorded hash: its grant.
+    SeeMark(usize),
     /// Controller c reads everything afresh (its watches catch up, it reads the
     /// leader Lease) and, if it leads, reconciles.
     Reconcile(usize),
@@ -422,6 +426,7 @@ impl Machine for System {
             Step::Notice(i, c) => self.release(i, Some(c)),
             Step::Kill(i) => self.stop_process(i, self.now),
             Step::SeeRevoked(i) => self.see_revoked(i),
+            Step::SeeMark(i) => self.see_mark(i),
             Step::Reconcile(c) => self.reconcile(c, true),
             Step::Stale(c) => self.reconcile(c, false),
             Step::SyncLock(c) => self.sync_lock(c),

@@ -123,7 +123,7 @@ fn mutant_by_hand() -> Option<Mutant> {
 /// can, the lock's and the clients' leases, and a depth past its shortest trace. (A
 /// lock lease of 1 s under the clients' 12 s is the lowered lease of issue #41's first
 /// finding, and puts the controller's expiry before the holder's first renewal.)
-const MUTANTS: [(Mutant, &str, (i32, i32), usize); 15] = [
+const MUTANTS: [(Mutant, &str, (i32, i32), usize); 16] = [
     (Mutant::PodGoneAsStopped, "p", (4, 8), 8),
     (Mutant::ForgedAsReleased, "n", (4, 8), 8),
     (Mutant::DeletedClaimFreesAtOnce, "d", (4, 8), 8),
@@ -139,6 +139,7 @@ const MUTANTS: [(Mutant, &str, (i32, i32), usize); 15] = [
     (Mutant::StatusWithoutVersion, "c", (4, 8), 6),
     (Mutant::StrayWithoutRead, "u", (4, 8), 8),
     (Mutant::DirectGrantBeforeStored, "", (4, 8), 3),
+    (Mutant::HandoverByAnyMark, "n", (4, 8), 9),
 ];
 
 /// The mutants to look for: [`MUTANTS`], or the one `LEASEHOLD_MUTANT` names within
