@@ -332,10 +332,12 @@ impl DirectWait {
                 }
             })
         });
+        // Not where a watch of a claim was refused already (a 403 each designation).
+        let refused = |(_, r): &(Api<Lease>, Refused)| r.load(std::sync::atomic::Ordering::Relaxed);
         let handover = self
             .leases
             .clone()
-            .filter(|_| designation.handover.is_some())
+            .filter(|l| designation.handover.is_some() && !refused(l))
             .map(|(leases, _)| {
                 let (d, tx) = (designation.clone(), tx.clone());
                 tokio::spawn(async move {

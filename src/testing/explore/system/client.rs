@@ -43,10 +43,9 @@ pub(super) struct Client {
     told: BTreeMap<i64, (bool, i64)>,
     /// Handovers it was designated for ([`crate::protocol::handover`]) by statuses that
     /// record its claim as it wrote it: the one holder's claim whose valid release mark
-    /// grants it, the token reserved for it, and the highest token of a process that had
-    /// stopped when it was reserved. Every one it ever saw (its watch of the lock may
-    /// lag, so it may follow an older designation than the stored status).
-    handovers: BTreeSet<(String, i64, i64)>,
+    /// grants it, and the token reserved for it. Every one it ever saw (its watch of the
+    /// lock may lag, so it may follow an older designation than the stored status).
+    handovers: BTreeSet<(String, i64)>,
 }
 
 impl Client {
@@ -306,7 +305,7 @@ impl System {
     /// the client follows it if the status records its claim as it wrote it (else it
     /// withdraws on reading it, following nothing).
     pub(super) fn designate(&mut self, status: &DistributedLockStatus, max_holders: i32) {
-        let (lease, stopped_before) = (self.cfg.client_lease, self.stopped_max);
+        let lease = self.cfg.client_lease;
         let Some(claim) = status.successor.as_ref().map(|s| s.claim.as_str()) else {
             return;
         };
@@ -317,30 +316,33 @@ impl System {
             return;
         };
         if record::check(status, claim, &wrote(i, lease).written()).is_ok() {
-            c.handovers.insert((h.from.to_string(), h.token, stopped_before));
+            c.handovers.insert((h.from.to_string(), h.token));
         }
     }
 
-    /// A handover client `i` follows whose holder's claim, as stored now, carries a
-    /// release mark that opens the recorded hash (judged by the real rule), for a token
-    /// it was not told of yet: (token, stopped before).
-    fn handed_over(&self, i: usize) -> Option<(i64, i64)> {
+    /// The token of a handover client `i` follows whose holder's claim, as stored now,
+    /// carries a release mark that opens the recorded hash (judged by the real rule),
+    /// and which it was not told of yet.
+    fn handed_over(&self, i: usize) -> Option<i64> {
         let c = &self.clients[i];
-        c.handovers.iter().find_map(|(from, token, stopped_before)| {
+        c.handovers.iter().find_map(|(from, token)| {
             let obj = self.server.claims.get(from)?;
             let h = crate::protocol::Handover {
                 from,
                 hash: super::secret_hash(),
                 token: *token,
             };
-            (!c.told.contains_key(token) && h.released_by(&claim_lease(from, obj))).then_some((*token, *stopped_before))
+            (!c.told.contains_key(token) && h.released_by(&claim_lease(from, obj))).then_some(*token)
         })
     }
 
     /// Client `i`'s watch of the holder's claim shows the release mark that hands the
-    /// slot on to it: it is told of its grant (and acts by [`System::hold`]'s rule).
+    /// slot on to it: it is told of its grant now (the holder has stopped), and acts by
+    /// [`System::hold`]'s rule. The token must be above every token of a process that
+    /// has stopped by now.
     pub(super) fn see_mark(&mut self, i: usize) {
-        if let Some((token, stopped_before)) = self.handed_over(i) {
+        let stopped_before = self.stopped_max;
+        if let Some(token) = self.handed_over(i) {
             self.clients[i].told.insert(token, (true, stopped_before));
         }
     }
