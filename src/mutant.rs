@@ -1,5 +1,5 @@
-//! Bugs this project once had (or a change could put in), each behind a switch that is always off outside
-//! `cargo test`: the exhaustive explorers' mutation tests (`decide::explore`,
+//! Bugs this project once had (or a change could put in), each behind a switch that is
+//! always off outside `cargo test`: the exhaustive explorers' mutation tests (`decide::explore`,
 //! `explore::system`) put them back one at a time and must find each.
 
 /// One bug put back.

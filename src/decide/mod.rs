@@ -26,8 +26,9 @@
 //!   to free goes to it, with that token, before anyone else. Because a controller may
 //!   tell it of that grant directly, before any status write, and because with one slot
 //!   the holder's release mark is its grant ([`crate::protocol::handover`]: it may act
-//!   on the mark before any controller saw it), a successor is fenced like a holder: it leaves its place only by its grant, by withdrawing, or when its
-//!   process has certainly stopped (expired, or its pod stopped); one that may run on
+//!   on the mark before any controller saw it), a successor is fenced like a holder: it
+//!   leaves its place only by its grant, by withdrawing, or when its process has
+//!   certainly stopped (expired, or its pod stopped); one that may run on
 //!   (forced release, forged mark, pod gone without the kubelet's word) becomes a
 //!   revoked holder with its slot held back. Its token is then never issued.
 //! * Tokens are an epoch (taken once, from the caller's clock, when the lock is first

@@ -3,10 +3,10 @@
 //! published URL, a watch on the claim itself, where the controller writes the grant
 //! when it cannot tell it over HTTP ([`crate::protocol::DIRECT_GRANT_ANNOTATION`]), and,
 //! on a lock of one slot publishing no release URL, a watch on the holder's claim for
-//! the release mark that hands the slot on ([`crate::protocol::handover`]). A grant is trusted only when its
-//! signature verifies against the key of the status that designated the claim, for the
-//! token reserved there; a handover only when the mark opens the release hash that
-//! status recorded for the holder.
+//! the release mark that hands the slot on ([`crate::protocol::handover`]). A grant is
+//! trusted only when its signature verifies against the key of the status that
+//! designated the claim, for the token reserved there; a handover only when the mark
+//! opens the release hash that status recorded for the holder.
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
