@@ -83,4 +83,6 @@ step "cargo test --doc (the examples in the API docs)"
 cargo test --locked --features cli --doc
 
 step "cargo test (unit, property and integration tests)"
-cargo test --locked --features cli --no-fail-fast --lib --bins --tests -- "$@"
+# No backtraces: a failing test's message, not forty frames of tokio, ends its report (a
+# CI log shown in part keeps its tail). Re-run one test with RUST_BACKTRACE=1 for frames.
+RUST_BACKTRACE=0 cargo test --locked --features cli --no-fail-fast --lib --bins --tests -- "$@"

@@ -1016,20 +1016,23 @@ async fn the_python_example_takes_its_turn_and_writes_with_its_token() {
     .expect("the example ends")
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
+    // Every message carries the example's whole output: its stderr has the client's log.
+    let said = format!(
+        "{}\n--- stdout:\n{stdout}\n--- stderr:\n{}",
+        out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    let token = ns.locks().get("my-lock").await.unwrap().status.unwrap().fencing_token;
+    assert!(out.status.success(), "{said}");
+    let status = ns.locks().get("my-lock").await.unwrap().status.unwrap();
+    let token = status.fencing_token;
     assert!(
         stdout.contains(&format!("granted my-lock with token {token}")),
-        "{stdout}"
+        "the status's token is {token}, status {status:?}: {said}"
     );
     assert_eq!(
         stdout.matches(&format!("written with fencing token {token}")).count(),
         5,
-        "{stdout}"
+        "{said}"
     );
-    assert!(stdout.trim_end().ends_with("released"), "{stdout}");
+    assert!(stdout.trim_end().ends_with("released"), "{said}");
 }
