@@ -11,8 +11,9 @@ use kube::ResourceExt;
 use super::release::Secret;
 use super::timing::{MAX_LEASE_SECONDS, wait_lease};
 use super::{
-    FENCING_TOKEN_ANNOTATION, GRANT_WATCH_ANNOTATION, LOCK_LABEL, POD_UID_ANNOTATION, RELEASE_HASH_ANNOTATION,
-    RELEASED_ANNOTATION, RELEASED_LABEL, REQUESTED_AT_ANNOTATION, WAIT_HASH_ANNOTATION, WAIT_LEASE_ANNOTATION,
+    FENCING_TOKEN_ANNOTATION, GRANT_WATCH_ANNOTATION, HANDOVER_WATCH_ANNOTATION, LOCK_LABEL, POD_UID_ANNOTATION,
+    RELEASE_HASH_ANNOTATION, RELEASED_ANNOTATION, RELEASED_LABEL, REQUESTED_AT_ANNOTATION, WAIT_HASH_ANNOTATION,
+    WAIT_LEASE_ANNOTATION,
 };
 
 /// The identity of the process making a claim: its pod.
@@ -189,7 +190,7 @@ pub fn validate_claim(lease: &Lease) -> Result<(String, String), BadClaim> {
 /// value longer than that is kept cut to one byte more (still invalid, or unequal to
 /// anything valid), so a claim costs the controller's cache a bounded size whatever a
 /// neighbour writes on it.
-pub const READ_ANNOTATIONS: [(&str, usize); 8] = [
+pub const READ_ANNOTATIONS: [(&str, usize); 9] = [
     (POD_UID_ANNOTATION, 128),
     (RELEASE_HASH_ANNOTATION, super::release::HASH_LEN),
     (WAIT_HASH_ANNOTATION, super::release::HASH_LEN),
@@ -198,6 +199,7 @@ pub const READ_ANNOTATIONS: [(&str, usize); 8] = [
     (WAIT_LEASE_ANNOTATION, 16),
     (FENCING_TOKEN_ANNOTATION, 24),
     (GRANT_WATCH_ANNOTATION, 4),
+    (HANDOVER_WATCH_ANNOTATION, 4),
 ];
 /// The most bytes of a name the controller keeps (a Kubernetes name has at most 253).
 pub const MAX_NAME_BYTES: usize = 253;

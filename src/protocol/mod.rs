@@ -118,6 +118,13 @@ pub const WAIT_LEASE_ANNOTATION: &str = "leasehold.dev/wait-lease-seconds";
 /// ([`DIRECT_GRANT_ANNOTATION`]) when it cannot tell it over HTTP. Absent: the
 /// controller writes none (the client learns its grant from the status).
 pub const GRANT_WATCH_ANNOTATION: &str = "leasehold.dev/grant-watch";
+/// Annotation a client sets on its claim at creation (`"true"`) when, while designated
+/// on a lock that publishes no release URL, it also watches its predecessor's claim for
+/// the release mark that hands the slot on ([`handover`]). Where that mark is what
+/// grants it, the controller then writes no grant on the claim (the client saw the same
+/// mark; one Lease write and its delivery fewer on the handoff). Absent: the controller
+/// writes it as [`GRANT_WATCH_ANNOTATION`] asks.
+pub const HANDOVER_WATCH_ANNOTATION: &str = "leasehold.dev/handover-watch";
 /// Annotation the controller writes on a designated successor's claim that asked for
 /// it ([`GRANT_WATCH_ANNOTATION`]) when the successor was not told of its grant over
 /// HTTP: `"<token> <signature>"`, the direct grant as signed ([`grant::Grant`]). Anyone

@@ -557,6 +557,66 @@ async fn a_client_that_may_not_watch_leases_takes_its_ask_back_and_is_granted_by
 }
 
 #[tokio::test]
+async fn a_successor_that_takes_the_holders_mark_itself_is_written_no_grant_on_its_claim() {
+    use leasehold::protocol::{DIRECT_GRANT_ANNOTATION, HANDOVER_WATCH_ANNOTATION};
+    for kind in kinds() {
+        let ns = TestNs::new("conf-handover").await;
+        let _controller = spawn_controller(&ns, "conf-handover"); // no URL
+        ns.lock("l", lock_spec(15, 1, None)).await;
+        let config = client_kubeconfig(&ns, None).await;
+        let (mut holder, (token, _), mut waiter) = holder_and_waiter(kind, &ns, (&config, &config)).await;
+        waiter.send("acquire").await;
+        let successor = designated(&ns).await.status.unwrap().successor.unwrap();
+        let leases = Api::<Lease>::namespaced(ns.client.clone(), &ns.name);
+        let watches = leases
+            .get(&successor.claim)
+            .await
+            .unwrap()
+            .annotations()
+            .get(HANDOVER_WATCH_ANNOTATION)
+            .cloned();
+        // The Rust client watches the holder's claim for the handover; the Python client
+        // does not (the protocol says MAY), and is written its grant on its claim.
+        assert_eq!(watches.as_deref(), (kind == Kind::Rust).then_some("true"), "{kind:?}");
+        holder.release().await;
+        let (_, next, granted) = waiter.acquired(DEADLINE).await;
+        assert_eq!(
+            (granted.as_str(), next),
+            (successor.claim.as_str(), successor.fencing_token),
+            "{kind:?}"
+        );
+        assert!(next > token);
+        // The grant on the claim is sent before the status write that records the grant.
+        ns.wait_lock("l", "the grant recorded", |l| {
+            l.status
+                .as_ref()
+                .is_some_and(|s| s.holders.iter().any(|h| h.claim == granted))
+        })
+        .await;
+        let written = || async {
+            leases
+                .get(&granted)
+                .await
+                .unwrap()
+                .annotations()
+                .contains_key(DIRECT_GRANT_ANNOTATION)
+        };
+        if kind == Kind::Rust {
+            assert!(
+                !written().await,
+                "a grant written on the claim of a successor that took the holder's mark"
+            );
+        } else {
+            wait_for("the grant written on the claim", DEADLINE, || async {
+                written().await.then_some(())
+            })
+            .await;
+        }
+        waiter.release().await;
+    }
+}
+
+#[tokio::test]
 async fn a_holder_that_stops_renewing_stops_before_the_next_grant() {
     for kind in kinds() {
         let ns = TestNs::new("conf-silent").await;

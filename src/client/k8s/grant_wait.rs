@@ -167,15 +167,18 @@ impl Designation {
         }
     }
 
-    /// Refused a watch of its claim: take the claim's ask for a grant written on it
-    /// back (the controller would write it, and put its status write off, for nothing).
+    /// Refused a watch of its claim: take the claim's asks for a grant written on it and
+    /// for none where the handover grants it back (the controller would write the one,
+    /// put its status write off, and leave the other to a watch not made, for nothing).
     async fn ask_for_no_grant(&self, leases: &Api<Lease>) {
         tracing::info!(
             claim = self.claim,
             "the client Role may not watch Leases: grants come by the lock's status (grant them `watch` on leases for faster handoffs without release notices)"
         );
-        let patch =
-            serde_json::json!({ "metadata": { "annotations": { crate::protocol::GRANT_WATCH_ANNOTATION: null } } });
+        let patch = serde_json::json!({ "metadata": { "annotations": {
+            crate::protocol::GRANT_WATCH_ANNOTATION: null,
+            crate::protocol::HANDOVER_WATCH_ANNOTATION: null,
+        } } });
         let params = kube::api::PatchParams::default();
         if let Err(e) = leases
             .patch(&self.claim, &params, &kube::api::Patch::Merge(&patch))

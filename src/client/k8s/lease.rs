@@ -53,12 +53,16 @@ pub(crate) async fn create(
     let lease = Duration::from_secs(lease_secs.max(1) as u64);
     let secret = Secret::generate();
     let mut obj = claim::claim_lease_with(&name, lock, identity, lease_secs, Some(&secret));
-    // This process watches its claim while designated (`grant_wait`), if it may.
+    // This process watches its claim while designated, and its predecessor's for the
+    // handover (`grant_wait`), if it may.
     if !watch_refused.load(std::sync::atomic::Ordering::Relaxed) {
-        obj.metadata
-            .annotations
-            .get_or_insert_default()
-            .insert(crate::protocol::GRANT_WATCH_ANNOTATION.into(), "true".into());
+        let annotations = obj.metadata.annotations.get_or_insert_default();
+        for ask in [
+            crate::protocol::GRANT_WATCH_ANNOTATION,
+            crate::protocol::HANDOVER_WATCH_ANNOTATION,
+        ] {
+            annotations.insert(ask.into(), "true".into());
+        }
     }
     // The first deadline counts from when the create was sent, like every renewal's.
     let sent = Instant::now();

@@ -13,6 +13,14 @@
 //! turn puts its status write off by [`CLAIM_GRANT_SETTLE`] so that the successor
 //! starts first, and a client that misses the annotation learns its grant from the
 //! status then.
+//!
+//! Not where the successor takes the grant from its predecessor's release mark itself
+//! ([`crate::protocol::handover`]): when its claim says it watches for that
+//! ([`HANDOVER_WATCH_ANNOTATION`]) and the holder's claim, as cached, carries the mark
+//! that opens the recorded hash, the successor saw (or will see) the same mark, and a
+//! grant written on its claim would only cost the API server a Lease write and its
+//! delivery while the successor starts. The status write is put off all the same, and
+//! a successor whose watch of the mark failed learns its grant from it.
 
 use std::sync::Arc;
 
@@ -23,14 +31,27 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::controller::context::Context;
 use crate::protocol::grant::Grant;
-use crate::protocol::{DIRECT_GRANT_ANNOTATION, GRANT_WATCH_ANNOTATION};
+use crate::protocol::{DIRECT_GRANT_ANNOTATION, GRANT_WATCH_ANNOTATION, HANDOVER_WATCH_ANNOTATION, Handover};
 
 /// Whether `claim` asks for its direct grant to be written on it.
 pub fn asks(claim: &Lease) -> bool {
-    claim
-        .annotations()
-        .get(GRANT_WATCH_ANNOTATION)
-        .is_some_and(|v| v == "true")
+    says_true(claim, GRANT_WATCH_ANNOTATION)
+}
+
+/// Whether `claim`'s client watches its predecessor's claim for the handover.
+pub fn takes_handover(claim: &Lease) -> bool {
+    says_true(claim, HANDOVER_WATCH_ANNOTATION)
+}
+
+fn says_true(claim: &Lease, annotation: &str) -> bool {
+    claim.annotations().get(annotation).is_some_and(|v| v == "true")
+}
+
+/// Whether the successor `successor` (its claim as cached) takes its grant from the
+/// holder's release mark itself: it watches for it, and `holder` (the holder's claim as
+/// cached) carries the mark that hands over.
+pub fn handed_over(successor: &Lease, handover: &Handover<'_>, holder: Option<&Lease>) -> bool {
+    takes_handover(successor) && holder.is_some_and(|h| handover.released_by(h))
 }
 
 /// The merge patch that writes `grant`, signed `signature`, on the claim with UID `uid`
@@ -55,16 +76,34 @@ pub const CLAIM_GRANT_SETTLE: std::time::Duration = std::time::Duration::from_mi
 /// Write `grant` on its claim if the claim (as cached) asks for it and the status that
 /// designated it published this replica's key (`designated_by`: its client checks the
 /// grant by that key alone, so a grant signed by another is no use to it), not waited
-/// for; whether it was sent.
-pub fn write(ctx: &Arc<Context>, grant: &Grant<'_>, designated_by: Option<&str>) -> bool {
-    let successors = &ctx.k8s.notices.successors;
-    if designated_by != Some(successors.public_key().as_str()) {
-        return false;
-    }
-    let at = ObjectRef::<Lease>::new(grant.claim).within(grant.namespace);
-    let Some(claim) = ctx.k8s.leases.get(&at).filter(|c| asks(c)) else {
+/// for; or not where the successor takes it by `handover` ([`handed_over`]). Whether
+/// the successor learns its grant on a claim (its own or its predecessor's): then the
+/// status write is put off.
+pub fn write(
+    ctx: &Arc<Context>,
+    grant: &Grant<'_>,
+    designated_by: Option<&str>,
+    handover: Option<Handover<'_>>,
+) -> bool {
+    let cached = |name: &str| {
+        ctx.k8s
+            .leases
+            .get(&ObjectRef::<Lease>::new(name).within(grant.namespace))
+    };
+    let Some(claim) = cached(grant.claim) else {
         return false;
     };
+    if handover.is_some_and(|h| handed_over(&claim, &h, cached(h.from).as_deref())) {
+        tracing::debug!(
+            claim = grant.claim,
+            "successor takes its grant from the holder's release mark"
+        );
+        return true;
+    }
+    let successors = &ctx.k8s.notices.successors;
+    if designated_by != Some(successors.public_key().as_str()) || !asks(&claim) {
+        return false;
+    }
     let signature = successors.sign(grant);
     let body = patch(grant, &signature, &claim.uid().unwrap_or_default());
     let api: Api<Lease> = Api::namespaced(ctx.client.clone(), grant.namespace);
@@ -86,6 +125,56 @@ pub fn write(ctx: &Arc<Context>, grant: &Grant<'_>, designated_by: Option<&str>)
 mod tests {
     use super::*;
     use crate::protocol::grant::GrantKey;
+    use crate::protocol::{RELEASED_ANNOTATION, release};
+
+    fn lease(name: &str, annotations: &[(&str, &str)]) -> Lease {
+        let mut lease = Lease::default();
+        lease.metadata.name = Some(name.into());
+        let annotations = annotations.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        lease.metadata.annotations = Some(annotations.collect());
+        lease
+    }
+
+    #[test]
+    fn only_a_successor_watching_for_it_is_left_to_the_holders_valid_mark() {
+        let secret = release::Secret::generate();
+        let hash = secret.hash();
+        let h = Handover {
+            from: "a",
+            hash: &hash,
+            token: 8,
+        };
+        let watching = lease(
+            "b",
+            &[(HANDOVER_WATCH_ANNOTATION, "true"), (GRANT_WATCH_ANNOTATION, "true")],
+        );
+        let marked = lease("a", &[(RELEASED_ANNOTATION, secret.reveal())]);
+        assert!(handed_over(&watching, &h, Some(&marked)));
+        // A client that does not watch for the mark (the Python client) is written its grant.
+        for asks in [
+            vec![(GRANT_WATCH_ANNOTATION, "true")],
+            vec![(HANDOVER_WATCH_ANNOTATION, "yes")],
+        ] {
+            assert!(!handed_over(&lease("b", &asks), &h, Some(&marked)), "{asks:?}");
+        }
+        // Nor where the holder's claim shows no mark that hands over.
+        let other = release::Secret::generate();
+        for (what, holder) in [
+            ("no claim in the cache", None),
+            ("no mark", Some(lease("a", &[]))),
+            ("\"true\"", Some(lease("a", &[(RELEASED_ANNOTATION, "true")]))),
+            (
+                "another secret",
+                Some(lease("a", &[(RELEASED_ANNOTATION, other.reveal())])),
+            ),
+            (
+                "another claim's mark",
+                Some(lease("c", &[(RELEASED_ANNOTATION, secret.reveal())])),
+            ),
+        ] {
+            assert!(!handed_over(&watching, &h, holder.as_ref()), "{what}");
+        }
+    }
 
     #[test]
     fn the_patch_carries_the_signed_grant_under_the_claims_uid() {

@@ -22,8 +22,8 @@ use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::status::Step;
 use crate::decide::PodView;
-use crate::protocol::claim;
 use crate::protocol::grant::Grant;
+use crate::protocol::{Handover, claim};
 
 /// The controller's caches, as a turn reads them.
 pub struct Live<'a>(pub &'a Context);
@@ -127,7 +127,7 @@ impl TurnIo for LiveIo<'_> {
         Ok(step)
     }
 
-    fn grant_directly(&self, grant: &Grant<'_>, designated_by: Option<&str>) {
+    fn grant_directly(&self, grant: &Grant<'_>, designated_by: Option<&str>, handover: Option<Handover<'_>>) {
         if self.ctx.k8s.notices.successors.grant(grant) {
             self.ctx.metrics.direct_grants.inc();
             tracing::debug!(
@@ -135,7 +135,7 @@ impl TurnIo for LiveIo<'_> {
                 token = grant.fencing_token,
                 "successor told of its grant"
             );
-        } else if super::claim_grant::write(self.ctx, grant, designated_by) {
+        } else if super::claim_grant::write(self.ctx, grant, designated_by, handover) {
             self.wrote_on_claim.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }

@@ -10,7 +10,7 @@
 //! fresh read and a deletion under that read's resourceVersion ([`renewed_unseen`]);
 //! look each stray up by name ([`strays`]); restart the expiry of the claims it grants;
 //! tell the designated successor of its grant if the *stored* status designates it
-//! (and, if it was told on its claim, let it start before the status write);
+//! (and, if it learns on a claim, let it start before the status write);
 //! write the status under the resourceVersion read; then apply (deletions, events) and
 //! let a deleted lock go once nothing holds it.
 
@@ -30,6 +30,7 @@ use crate::api::{DistributedLock, DistributedLockStatus};
 use crate::controller::error::{Error, MAX_CONFLICT_RETRIES};
 use crate::controller::status::{Step, Trouble, with_conditions};
 use crate::mutant::{Mutant, on as mutant};
+use crate::protocol::Handover;
 use crate::protocol::grant::Grant;
 
 /// How soon a claim this turn deletes is looked at again, in case its deletion failed.
@@ -56,10 +57,13 @@ pub trait TurnIo: ClaimIo {
     ) -> impl Future<Output = Result<Step, Error>> + Send;
     /// Tell the designated successor of its grant (before the status write);
     /// `designated_by` is the `grantKey` of the stored status that designated it (the
-    /// key its client checks the grant by).
-    fn grant_directly(&self, grant: &Grant<'_>, designated_by: Option<&str>);
+    /// key its client checks the grant by), `handover` the handover by which that status
+    /// lets the successor take the holder's release mark as its grant, if any (then a
+    /// successor that watches for the mark need not be told).
+    fn grant_directly(&self, grant: &Grant<'_>, designated_by: Option<&str>, handover: Option<Handover<'_>>);
     /// Between telling a successor and the status write: the controller lets a
-    /// successor told on its claim start first ([`super::claim_grant::CLAIM_GRANT_SETTLE`]).
+    /// successor told on a claim (its own, or its predecessor's mark) start first
+    /// ([`super::claim_grant::CLAIM_GRANT_SETTLE`]).
     /// Safe to put off: the stored status designates the successor, so every decision
     /// counts it as told meanwhile.
     fn settle_after_tell(&self) -> impl Future<Output = ()> + Send;
@@ -153,6 +157,7 @@ fn grant_directly<IO: TurnIo>(io: &IO, current: &DistributedLock, plan: &Plan<IO
     let (ns, lock) = (current.namespace().unwrap_or_default(), current.name_any());
     let lock_uid = current.metadata.uid.as_deref().unwrap_or_default();
     let designated_by = current.status.as_ref().and_then(|s| s.grant_key.as_deref());
+    let stored = current.status.as_ref();
     let tell = |claim: &str, fencing_token: i64| {
         let grant = Grant {
             namespace: &ns,
@@ -161,7 +166,12 @@ fn grant_directly<IO: TurnIo>(io: &IO, current: &DistributedLock, plan: &Plan<IO
             claim,
             fencing_token,
         };
-        io.grant_directly(&grant, designated_by);
+        // As the client judges it: only where the status publishes no release URL.
+        let handover = stored
+            .filter(|s| s.release_url.is_none())
+            .and_then(|s| crate::protocol::handover(current.spec.max_holders, s, claim))
+            .filter(|h| h.token == fencing_token);
+        io.grant_directly(&grant, designated_by, handover);
     };
     if mutant(Mutant::DirectGrantBeforeStored) {
         // Every grant of the plan, designated in the stored status or not.

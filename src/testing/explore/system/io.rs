@@ -24,6 +24,7 @@ use crate::controller::k8s::sweep::{Tombstone, Tombstones};
 use crate::controller::k8s::turn::{Ended, TurnIo, turn};
 use crate::controller::status::Step;
 use crate::decide::PodView;
+use crate::protocol::Handover;
 use crate::protocol::grant::Grant;
 
 /// What controller `c` reads for a plan: its caches.
@@ -158,7 +159,9 @@ impl TurnIo for ModelIo<'_> {
         Ok(self.sys().write_status(self.c, current, status))
     }
 
-    fn grant_directly(&self, grant: &Grant<'_>, _designated_by: Option<&str>) {
+    /// Every successor is told (the shipped controller leaves a grant untold only where
+    /// the successor takes its predecessor's mark, which the model's `SeeMark` plays).
+    fn grant_directly(&self, grant: &Grant<'_>, _designated_by: Option<&str>, _handover: Option<Handover<'_>>) {
         let mut sys = self.sys();
         sys.check_direct_grant(grant.claim, grant.fencing_token);
         let view = sys.ctrls[self.c].view.as_ref();
