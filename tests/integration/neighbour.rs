@@ -473,12 +473,17 @@ async fn a_claim_whose_wait_hash_was_stripped_before_it_was_queued_is_withdrawn_
 /// waiter's token, and a grant signed with a key of its own; none makes it run.
 #[tokio::test]
 async fn a_grant_copied_or_forged_onto_a_designated_claim_is_not_acted_on() {
-    use leasehold::protocol::DIRECT_GRANT_ANNOTATION;
     use leasehold::protocol::grant::{Grant, GrantKey};
+    use leasehold::protocol::{DIRECT_GRANT_ANNOTATION, HANDOVER_WATCH_ANNOTATION};
     let ns = TestNs::new("nb-claimgrant").await;
     let neighbour = ns.as_lock_user().await;
     let _c = spawn_controller(&ns, "nb-claimgrant"); // no URL: grants go on claims
     let (held, waiting, cb) = b_waits_behind_a(&ns, 15).await;
+    // So that the controller writes b's grant on its claim rather than leave it to a's
+    // mark, the neighbour first takes b's word that it watches for that mark back (the
+    // controller's watch shows this before a's release, written after it).
+    let untold = serde_json::json!({"metadata": {"annotations": {HANDOVER_WATCH_ANNOTATION: null}}});
+    neighbour_patch(&neighbour, &ns, &cb, untold).await;
     held.release().await.unwrap();
     let b = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap().unwrap();
     // b's grant, as the controller wrote it on b's claim (public to every lock user

@@ -16,11 +16,13 @@
 //!
 //! Not where the successor takes the grant from its predecessor's release mark itself
 //! ([`crate::protocol::handover`]): when its claim says it watches for that
-//! ([`HANDOVER_WATCH_ANNOTATION`]) and the holder's claim, as cached, carries the mark
-//! that opens the recorded hash, the successor saw (or will see) the same mark, and a
-//! grant written on its claim would only cost the API server a Lease write and its
-//! delivery while the successor starts. The status write is put off all the same, and
-//! a successor whose watch of the mark failed learns its grant from it.
+//! ([`HANDOVER_WATCH_ANNOTATION`]), the status that designated it has a key (without
+//! one the client follows no designation), and the holder's claim, as cached, carries
+//! the mark that opens the recorded hash. The successor's watch shows it the same mark,
+//! and a grant written on its claim would only cost
+//! the API server a Lease write and its delivery while the successor starts. The
+//! status write is put off all the same, and grants a successor that has not seen the
+//! mark by then.
 
 use std::sync::Arc;
 
@@ -93,7 +95,9 @@ pub fn write(
     let Some(claim) = cached(grant.claim) else {
         return false;
     };
-    if handover.is_some_and(|h| handed_over(&claim, &h, cached(h.from).as_deref())) {
+    // As the client sees it: it follows a designation only from a status with a key.
+    let keyed = designated_by.is_some();
+    if keyed && handover.is_some_and(|h| handed_over(&claim, &h, cached(h.from).as_deref())) {
         tracing::debug!(
             claim = grant.claim,
             "successor takes its grant from the holder's release mark"
