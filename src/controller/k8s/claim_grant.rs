@@ -19,10 +19,9 @@
 //! ([`HANDOVER_WATCH_ANNOTATION`]), the status that designated it has a key (without
 //! one the client follows no designation), and the holder's claim, as cached, carries
 //! the mark that opens the recorded hash. The successor's watch shows it the same mark,
-//! and a grant written on its claim would only cost
-//! the API server a Lease write and its delivery while the successor starts. The
-//! status write is put off all the same, and grants a successor that has not seen the
-//! mark by then.
+//! and a grant written on its claim would only cost the API server a Lease write and
+//! its delivery while the successor starts. The status write is put off all the same,
+//! and grants a successor that has not seen the mark by then.
 
 use std::sync::Arc;
 

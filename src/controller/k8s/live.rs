@@ -71,7 +71,8 @@ pub struct LiveIo<'a> {
     pub ctx: &'a Arc<Context>,
     /// The lock's namespace's DistributedLock API.
     pub api: Api<DistributedLock>,
-    /// Whether this turn wrote a successor's grant on its claim since it last settled.
+    /// Whether, since this turn last settled, a successor learns its grant on a claim: its
+    /// grant written on its own, or its predecessor's mark left to hand over.
     pub wrote_on_claim: std::sync::atomic::AtomicBool,
 }
 
