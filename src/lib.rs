@@ -60,6 +60,8 @@ pub mod etcd;
 pub mod kubeconfig;
 mod mutant;
 pub mod protocol;
+#[cfg(feature = "client")]
+pub(crate) mod retry;
 
 #[cfg(feature = "cli")]
 #[doc(hidden)]

@@ -20,6 +20,7 @@ use crate::controller::cache::tracker::Tracker;
 use crate::controller::context::Context;
 use crate::controller::k8s::observe;
 use crate::protocol;
+use crate::retry::{NoPause, WatchBackoff, relist_at_once};
 
 /// How many locks are reconciled at once. Unbounded, a start-up over 1,000 locks ran
 /// 1,000 reconciles side by side, each holding its request and response buffers, and
@@ -44,8 +45,9 @@ pub(super) async fn run_leader(
     let written = Arc::new(crate::controller::cache::written::Written::default());
     let api = opts.api::<DistributedLock>(&client);
     let locks = lock_watch(api, lock_writer, metrics.clone(), mirrors.clone(), written.clone());
-    let config = kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES);
-    let controller = Controller::for_stream(locks, lock_store.clone()).with_config(config);
+    let controller = Controller::for_stream(locks, lock_store.clone())
+        .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
+        .trigger_backoff(NoPause);
 
     let claims = Arc::new(crate::controller::k8s::claims::ClaimIndex::default());
     let (prompter, prompts) = crate::controller::prompt::Prompter::new();
@@ -119,8 +121,9 @@ fn recorder(client: &Client, opts: &Options) -> Recorder {
 
 /// The lock watch: it fills the lock store (`writer`) and follows the locks' metric
 /// series; a deleted lock is never reconciled, so its series and etcd mirror go as the
-/// watch shows it (as in `Controller::new`, the trigger backoff paces this watch). The
-/// watch showing this controller's own status write holds no news for it.
+/// watch shows it. Like the claim and pod watches it backs off on its own
+/// ([`crate::retry`]). The watch showing this controller's own status write
+/// holds no news for it.
 fn lock_watch(
     api: kube::Api<DistributedLock>,
     writer: reflector::store::Writer<DistributedLock>,
@@ -128,7 +131,8 @@ fn lock_watch(
     mirrors: Arc<Mirrors>,
     own: Arc<crate::controller::cache::written::Written>,
 ) -> impl futures::Stream<Item = Result<DistributedLock, watcher::Error>> + Send + 'static {
-    watcher(api, watcher::Config::default())
+    relist_at_once(watcher(api, watcher::Config::default()))
+        .backoff(WatchBackoff::controller())
         .reflect(writer)
         .inspect_ok(move |ev| {
             metrics.follow_locks(ev);
@@ -161,8 +165,8 @@ fn claim_watch(
     writer: reflector::store::Writer<Lease>,
     f: Feeds,
 ) -> impl futures::Stream<Item = Result<Lease, watcher::Error>> + Send + 'static {
-    watcher(api, watcher::Config::default().labels(protocol::LOCK_LABEL))
-        .default_backoff()
+    relist_at_once(watcher(api, watcher::Config::default().labels(protocol::LOCK_LABEL)))
+        .backoff(WatchBackoff::controller())
         .modify(protocol::claim::keep_what_is_read) // bounded, whatever a neighbour writes
         .reflect(writer)
         .inspect_ok(move |ev| {
@@ -200,8 +204,8 @@ fn pod_watch(
     api: kube::Api<Pod>,
     f: Feeds,
 ) -> impl futures::Stream<Item = Result<Pod, watcher::Error>> + Send + 'static {
-    watcher(api, watcher::Config::default())
-        .default_backoff()
+    relist_at_once(watcher(api, watcher::Config::default()))
+        .backoff(WatchBackoff::controller())
         .modify(observe::slim_pod)
         .inspect_ok(move |ev| {
             f.pods.apply(ev);

@@ -15,11 +15,31 @@ use crate::support::*;
 /// took ~8 s once in CI, and the 15 s lease this test had then was rightly given up).
 const LEASE: i32 = 60;
 
-/// Restart `component` after 3 s down, and return how long the outage really was
+/// How soon after a release the next waiter is granted once the control plane is back.
+/// Watches are back at most 2 s (the controller's) or 5 s (a client's) after the API
+/// server is, and relist at once when it answers 410 Gone; a watch sent while the API
+/// server starts may hang until its watch cache is ready (seen here: ~10 s after it
+/// answered `/readyz`). The released claim would expire only a lease after its last
+/// renewal: before the watches paced themselves, the grant came 30–56 s after the
+/// release, when the claim expired.
+const GRANTED_WITHIN: Duration = Duration::from_secs(20);
+
+/// The guard `waiting` acquires, within [`GRANTED_WITHIN`].
+async fn granted_soon(
+    waiting: tokio::task::JoinHandle<leasehold::client::Guard>,
+    who: &str,
+) -> leasehold::client::Guard {
+    match tokio::time::timeout(GRANTED_WITHIN, waiting).await {
+        Ok(guard) => guard.unwrap(),
+        Err(_) => panic!("{who} was not granted within {GRANTED_WITHIN:?} of the release after the outage"),
+    }
+}
+
+/// Restart `component` after `down`, and return how long the outage really was
 /// (checked against [`assume_rides_out`]).
-async fn outage(cp: &mut ControlPlane, component: &str) -> Duration {
+async fn outage(cp: &mut ControlPlane, component: &str, down: Duration) -> Duration {
     let started = std::time::Instant::now();
-    cp.restart(component, Duration::from_secs(3)).await.unwrap();
+    cp.restart(component, down).await.unwrap();
     let took = started.elapsed();
     assume_rides_out(component, took, LEASE);
     took
@@ -49,9 +69,10 @@ async fn held_and_queued_locks_ride_out_an_api_server_and_an_etcd_restart() {
     let waiting_c = tokio::spawn(async move { lock_c.acquire().await.unwrap() });
     ns.wait_lock("l", "c waits", |l| queue(l) == ["b", "c"]).await;
 
-    // The API server crashes and is down for 3 s (plus its start): the holder rides it
-    // out, and the queue survives.
-    let took = outage(&mut cp, "kube-apiserver").await;
+    // The API server crashes and is down for 8 s (plus its start): the holder rides it
+    // out, and the queue survives. (Every watch fails all that time: long enough for a
+    // backoff that grows without bound to outlast the outage by far.)
+    let took = outage(&mut cp, "kube-apiserver", Duration::from_secs(8)).await;
     let l = ns.wait_lock("l", "the lock after the restart", |_| true).await;
     assert_eq!(holders(&l), ["a"]);
     assert_eq!(queue(&l), ["b", "c"]);
@@ -60,11 +81,11 @@ async fn held_and_queued_locks_ride_out_an_api_server_and_an_etcd_restart() {
         "a {took:?} outage is no reason to give up a {LEASE} s lease"
     );
     first.release().await.unwrap();
-    let second = waiting_b.await.unwrap();
+    let second = granted_soon(waiting_b, "b").await;
     assert_eq!(tokens(&ns.recorded("l", second.claim()).await), [2]);
 
     // Then etcd crashes and is down for 3 s (plus its start).
-    let took = outage(&mut cp, "etcd").await;
+    let took = outage(&mut cp, "etcd", Duration::from_secs(3)).await;
     let l = ns.wait_lock("l", "the lock after the etcd restart", |_| true).await;
     assert_eq!(holders(&l), ["b"]);
     assert_eq!(queue(&l), ["c"]);
@@ -73,7 +94,7 @@ async fn held_and_queued_locks_ride_out_an_api_server_and_an_etcd_restart() {
         "a {took:?} outage is no reason to give up a {LEASE} s lease"
     );
     second.release().await.unwrap();
-    let third = waiting_c.await.unwrap();
+    let third = granted_soon(waiting_c, "c").await;
     assert_eq!(tokens(&ns.recorded("l", third.claim()).await), [3]);
     third.release().await.unwrap();
     cp.stop().await;

@@ -46,7 +46,9 @@ impl LockWatch {
         let fields = format!("metadata.name={name}");
         let timeout = u32::try_from(WATCH_TIMEOUT.as_secs()).unwrap_or(u32::MAX);
         let config = watcher::Config::default().fields(&fields).timeout(timeout);
-        let events = watch_stream(api.clone(), config).default_backoff().boxed();
+        let events = crate::retry::relist_at_once(watch_stream(api.clone(), config))
+            .backoff(crate::retry::WatchBackoff::client())
+            .boxed();
         LockWatch {
             api,
             name: name.into(),
