@@ -71,3 +71,58 @@ def test_a_waiting_watch_lasts_watch_timeout_and_reads_afresh_only_when_told_to(
     finally:
         watch.stop()
     assert ("lock", api._lock) in seen
+
+
+class _Streamed:
+    """A watch response streaming ``events`` (JSON lines), then its end."""
+
+    def __init__(self, events):
+        self._body = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+
+    def stream(self, *_args, **_kwargs):
+        return iter([self._body])
+
+    def close(self):
+        pass
+
+
+class _FailingLeases:
+    """Leases whose first ``failures`` watches fail with ``status``, then show the claim."""
+
+    def __init__(self, failures, status):
+        self.failures, self.status, self.watches = failures, status, 0
+
+    def list_namespaced_lease(self, *_args, **kwargs):
+        assert kwargs.get("watch") is True
+        self.watches += 1
+        if self.watches <= self.failures:
+            raise _kube.ApiException(status=self.status, reason="failed")
+        return _Streamed([{"type": "ADDED", "object": {"metadata": {"name": "c-1"}}}])
+
+
+def _claim(leases):
+    return _kube.KubeClaim(leases, "c-1", "ns", "l", p.Secret(), "u-1", 15.0)  # type: ignore[arg-type]
+
+
+def test_a_claim_watch_that_cannot_be_made_is_made_again_until_it_can(monkeypatch):
+    waits = []
+    monkeypatch.setattr(_kube, "watch_retry_wait", lambda failures: waits.append(failures) or 0.0)
+    leases = _FailingLeases(2, 503)
+    seen = []
+    _claim(leases).watch_self(lambda lease: seen.append(lease) or True, lambda: True, lambda _r: None)
+    assert leases.watches == 3, "made again after each failure"
+    assert waits == [0, 1], "a longer wait after each failure in a row"
+    assert [lease["metadata"]["name"] for lease in seen] == ["c-1"]
+
+
+def test_a_refused_claim_watch_is_not_made_again(monkeypatch):
+    monkeypatch.setattr(_kube.KubeClaim, "_ask_for_no_grant", lambda self: None)
+    leases = _FailingLeases(100, 403)
+    _claim(leases).watch_self(lambda _lease: True, lambda: True, lambda _r: None)
+    assert leases.watches == 1
+
+
+def test_the_wait_before_a_watch_is_made_again_grows_to_five_seconds_jittered():
+    for failures, step in [(0, 0.2), (1, 0.4), (2, 0.8), (3, 1.6), (4, 3.2), (5, 5.0), (50, 5.0)]:
+        for _ in range(20):
+            assert step / 2 <= _kube.watch_retry_wait(failures) <= step

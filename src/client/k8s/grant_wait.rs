@@ -45,21 +45,24 @@ struct Designation {
 }
 
 /// How a watch of one Lease ended.
+#[derive(Debug, PartialEq, Eq)]
 enum Watched {
     /// A state of it was what the watch waited for.
     Seen,
     /// The client Role may not watch Leases.
     Refused,
-    /// The watch could not be made.
-    Failed,
 }
 
 /// Watch the Lease `name` (its state now first, then each change) until `wanted` takes
-/// one, making the watch anew as it ends.
+/// one, making the watch anew as it ends, and again, backed off as the lock watch is
+/// ([`crate::retry::WatchBackoff::client`]), when it cannot be made: a successor whose
+/// watch failed once would otherwise learn of its grant only from the status write, or
+/// not at all while the controller is away. The designation's end stops it.
 async fn watch_lease(leases: &Api<Lease>, name: &str, wanted: impl Fn(&Lease) -> bool) -> Watched {
     let params = WatchParams::default()
         .fields(&format!("metadata.name={name}"))
         .timeout(CLAIM_WATCH_SECS);
+    let mut backoff = crate::retry::WatchBackoff::client();
     loop {
         let started = tokio::time::Instant::now();
         // From "0": the Lease as it is now first, so a value written before the watch
@@ -68,10 +71,13 @@ async fn watch_lease(leases: &Api<Lease>, name: &str, wanted: impl Fn(&Lease) ->
             Ok(events) => events,
             Err(kube::Error::Api(s)) if s.code == 403 => return Watched::Refused,
             Err(e) => {
-                tracing::debug!(lease = name, error = %e, "watching a claim failed");
-                return Watched::Failed;
+                let wait = backoff.next().unwrap_or(REASK_AFTER);
+                tracing::debug!(lease = name, error = %e, ?wait, "watching a claim failed; again after a wait");
+                tokio::time::sleep(wait).await;
+                continue;
             }
         };
+        kube::runtime::utils::Backoff::reset(&mut backoff);
         futures::pin_mut!(events);
         while let Some(event) = events.next().await {
             match event {
@@ -124,8 +130,7 @@ impl Designation {
     }
 
     /// Watch the claim until the controller writes this grant on it, verified (`Some`),
-    /// or the watch cannot be made (`None`: a client Role without `watch` on Leases
-    /// among others). A value that does not verify (a neighbour's, or one of an earlier
+    /// or the watch is refused (`None`: a client Role without `watch` on Leases). A value that does not verify (a neighbour's, or one of an earlier
     /// designation) is passed over.
     async fn watch_claim(&self, (leases, refused): (Api<Lease>, Refused)) -> Option<i64> {
         let grant = self.grant();
@@ -140,13 +145,12 @@ impl Designation {
                 self.ask_for_no_grant(&leases).await;
                 None
             }
-            Watched::Failed => None,
         }
     }
 
     /// Watch the one holder's claim until it carries the release mark that opens the
     /// hash recorded for it: the slot is this claim's, with the reserved token (`Some`).
-    /// `None` when there is no handover to wait for, or the watch cannot be made.
+    /// `None` when there is no handover to wait for, or the watch is refused.
     async fn watch_handover(&self, leases: Api<Lease>) -> Option<i64> {
         let (from, hash) = self.handover.as_ref()?;
         let handover = Handover {
@@ -163,7 +167,7 @@ impl Designation {
                 );
                 Some(self.token)
             }
-            Watched::Refused | Watched::Failed => None,
+            Watched::Refused => None,
         }
     }
 
@@ -395,11 +399,54 @@ impl Drop for DirectWait {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
     use crate::api::{DistributedLockSpec, DistributedLockStatus, Successor};
     use crate::protocol::grant::GrantKey;
+    use crate::testing::mock_api;
+
+    /// Leases answered by `answer`, given how many watches came before; the count.
+    fn watched(answer: fn(usize) -> (u16, serde_json::Value)) -> (Api<Lease>, Arc<AtomicUsize>) {
+        let watches = Arc::new(AtomicUsize::new(0));
+        let seen = watches.clone();
+        let client = mock_api::client(move |req| {
+            let seen = seen.clone();
+            async move {
+                assert!(
+                    req.uri().query().unwrap_or_default().contains("watch=true"),
+                    "{}",
+                    req.uri()
+                );
+                answer(seen.fetch_add(1, Ordering::SeqCst))
+            }
+        });
+        (Api::namespaced(client, "ns"), watches)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_of_a_claim_that_cannot_be_made_is_made_again_until_it_can() {
+        let (leases, watches) = watched(|n| match n {
+            0 | 1 => (503, mock_api::status(503, "ServiceUnavailable", "starting")),
+            _ => (
+                200,
+                serde_json::json!({ "type": "ADDED", "object": mock_api::claim_lease() }),
+            ),
+        });
+        let seen = watch_lease(&leases, "l-1", |l| l.name_any() == "l-1").await;
+        assert_eq!(seen, Watched::Seen);
+        assert_eq!(watches.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_watch_of_a_claim_is_not_made_again() {
+        let (leases, watches) = watched(|_| (403, mock_api::status(403, "Forbidden", "no watch on leases")));
+        assert_eq!(watch_lease(&leases, "l-1", |_| true).await, Watched::Refused);
+        assert_eq!(watches.load(Ordering::SeqCst), 1);
+    }
 
     /// A controller stand-in on loopback answering one wait with `reply` (a raw HTTP
     /// response head).

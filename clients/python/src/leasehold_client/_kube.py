@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -238,6 +239,14 @@ class LockWatch:
             self._emit("lock", lock) if lock is not None else self._emit("gone", None)
 
 
+def watch_retry_wait(failures: int) -> float:
+    """Seconds to wait before making a watch again after ``failures`` failures in a
+    row: 0.2 s doubling to 5 s, each drawn from half to all of that (clients whose
+    watches failed together, in an outage, do not come back together)."""
+    step = min(0.2 * 2 ** min(failures, 8), 5.0)
+    return random.uniform(step / 2, step)
+
+
 class KubeClaim:
     """A claim Lease this process created, renewed and given up through ``leases``."""
 
@@ -305,8 +314,11 @@ class KubeClaim:
         returns True or ``alive()`` is false (checked at each event; a watch lasts
         ``CLAIM_WATCH_SECONDS``). Each watch's response goes to ``opened`` first (which
         may close it, and raise, for a wait already stopped). Returns at once when the
-        watch cannot be made: a client Role without ``watch`` on Leases, among others."""
+        watch is refused (a client Role without ``watch`` on Leases); one that fails
+        otherwise is made again after a wait (``watch_retry_wait``: 0.2 s doubling to
+        5 s, jittered, as the Rust client's)."""
         selector = f"metadata.name={self.name}"
+        failures = 0
         while alive():
             started = time.monotonic()
             try:
@@ -315,15 +327,16 @@ class KubeClaim:
                     timeout_seconds=CLAIM_WATCH_SECONDS, _preload_content=False,
                     _request_timeout=(10, CLAIM_WATCH_SECONDS + 40),
                 )
-            except ApiException as e:
-                if e.status == 403:
+            except Exception as e:  # noqa: BLE001 - made again; the status tells meanwhile
+                if isinstance(e, ApiException) and e.status == 403:
                     self._ask_for_no_grant()
-                else:
-                    log.debug("watching claim %s for its grant failed: %s", self.name, e)
-                return
-            except Exception as e:  # noqa: BLE001 - the status tells instead
-                log.debug("watching claim %s for its grant failed: %s", self.name, e)
-                return
+                    return
+                wait = watch_retry_wait(failures)
+                failures += 1
+                log.debug("watching claim %s for its grant failed (again in %.1f s): %s", self.name, wait, e)
+                time.sleep(wait)
+                continue
+            failures = 0
             try:
                 opened(response)
                 for kind, lease in _events(response):
