@@ -126,3 +126,16 @@ def test_the_wait_before_a_watch_is_made_again_grows_to_five_seconds_jittered():
     for failures, step in [(0, 0.2), (1, 0.4), (2, 0.8), (3, 1.6), (4, 3.2), (5, 5.0), (50, 5.0)]:
         for _ in range(20):
             assert step / 2 <= _kube.watch_retry_wait(failures) <= step
+
+
+def test_a_claim_watch_failing_on_ends_when_its_wait_stops(monkeypatch):
+    monkeypatch.setattr(_kube, "watch_retry_wait", lambda _failures: 0.0)
+    leases = _FailingLeases(10**9, 503)
+    checks = []
+
+    def alive():
+        checks.append(1)
+        return len(checks) <= 3
+
+    _claim(leases).watch_self(lambda _lease: True, alive, lambda _r: None)
+    assert leases.watches == 3, "no watch made once the wait stopped"

@@ -25,6 +25,10 @@ const REASK_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long one watch of the claim lasts before it is made anew (the API server's
 /// bound, as kube takes it, is under 295 s).
 const CLAIM_WATCH_SECS: u32 = 290;
+/// After how many failures in a row to make a claim's watch the client warns (once a
+/// run): a failure that stays (credentials, TLS) is tried on while the designation
+/// stands, every 2.5–5 s.
+const WARN_AFTER_FAILURES: u32 = 5;
 
 /// What a designation says: where to wait, whom to trust, for which grant.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,6 +67,7 @@ async fn watch_lease(leases: &Api<Lease>, name: &str, wanted: impl Fn(&Lease) ->
         .fields(&format!("metadata.name={name}"))
         .timeout(CLAIM_WATCH_SECS);
     let mut backoff = crate::retry::WatchBackoff::client();
+    let mut failed = 0;
     loop {
         let started = tokio::time::Instant::now();
         // From "0": the Lease as it is now first, so a value written before the watch
@@ -71,13 +76,18 @@ async fn watch_lease(leases: &Api<Lease>, name: &str, wanted: impl Fn(&Lease) ->
             Ok(events) => events,
             Err(kube::Error::Api(s)) if s.code == 403 => return Watched::Refused,
             Err(e) => {
+                failed += 1;
                 let wait = backoff.next().unwrap_or(REASK_AFTER);
-                tracing::debug!(lease = name, error = %e, ?wait, "watching a claim failed; again after a wait");
+                if failed == WARN_AFTER_FAILURES {
+                    tracing::warn!(lease = name, error = %e, failed, "watching a claim keeps failing; trying on (the lock's status grants meanwhile)");
+                } else {
+                    tracing::debug!(lease = name, error = %e, ?wait, "watching a claim failed; again after a wait");
+                }
                 tokio::time::sleep(wait).await;
                 continue;
             }
         };
-        kube::runtime::utils::Backoff::reset(&mut backoff);
+        failed = 0;
         futures::pin_mut!(events);
         while let Some(event) = events.next().await {
             match event {
@@ -90,6 +100,8 @@ async fn watch_lease(leases: &Api<Lease>, name: &str, wanted: impl Fn(&Lease) ->
                 Ok(WatchEvent::Error(_)) | Err(_) => break, // watch anew
             }
         }
+        // A watch that lasted the longest wait after the last one starts the waits over.
+        kube::runtime::utils::Backoff::reset(&mut backoff);
         tokio::time::sleep_until(started + REASK_AFTER).await;
     }
 }
@@ -130,8 +142,9 @@ impl Designation {
     }
 
     /// Watch the claim until the controller writes this grant on it, verified (`Some`),
-    /// or the watch is refused (`None`: a client Role without `watch` on Leases). A value that does not verify (a neighbour's, or one of an earlier
-    /// designation) is passed over.
+    /// or the watch is refused (`None`: a client Role without `watch` on Leases). A
+    /// value that does not verify (a neighbour's, or one of an earlier designation) is
+    /// passed over.
     async fn watch_claim(&self, (leases, refused): (Api<Lease>, Refused)) -> Option<i64> {
         let grant = self.grant();
         let told = |lease: &Lease| {
@@ -436,9 +449,16 @@ mod tests {
                 serde_json::json!({ "type": "ADDED", "object": mock_api::claim_lease() }),
             ),
         });
+        let t0 = tokio::time::Instant::now();
         let seen = watch_lease(&leases, "l-1", |l| l.name_any() == "l-1").await;
         assert_eq!(seen, Watched::Seen);
         assert_eq!(watches.load(Ordering::SeqCst), 3);
+        // Backed off: at least half of 200 ms, then half of 400 ms.
+        assert!(
+            t0.elapsed() >= std::time::Duration::from_millis(300),
+            "{:?}",
+            t0.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -239,11 +239,17 @@ class LockWatch:
             self._emit("lock", lock) if lock is not None else self._emit("gone", None)
 
 
+#: The longest wait before a claim's watch is made again (seconds).
+WATCH_RETRY_LONGEST = 5.0
+#: After how many failures in a row to make a claim's watch the client warns (once a run).
+WATCH_WARN_AFTER = 5
+
+
 def watch_retry_wait(failures: int) -> float:
     """Seconds to wait before making a watch again after ``failures`` failures in a
-    row: 0.2 s doubling to 5 s, each drawn from half to all of that (clients whose
-    watches failed together, in an outage, do not come back together)."""
-    step = min(0.2 * 2 ** min(failures, 8), 5.0)
+    row: 0.2 s doubling to ``WATCH_RETRY_LONGEST``, each drawn from half to all of that
+    (clients whose watches failed together, in an outage, do not come back together)."""
+    step = min(0.2 * 2 ** min(failures, 8), WATCH_RETRY_LONGEST)
     return random.uniform(step / 2, step)
 
 
@@ -333,10 +339,12 @@ class KubeClaim:
                     return
                 wait = watch_retry_wait(failures)
                 failures += 1
-                log.debug("watching claim %s for its grant failed (again in %.1f s): %s", self.name, wait, e)
+                if failures == WATCH_WARN_AFTER:
+                    log.warning("watching claim %s keeps failing (%d times); trying on (the lock's status grants meanwhile): %s", self.name, failures, e)
+                else:
+                    log.debug("watching claim %s for its grant failed (again in %.1f s): %s", self.name, wait, e)
                 time.sleep(wait)
                 continue
-            failures = 0
             try:
                 opened(response)
                 for kind, lease in _events(response):
@@ -348,6 +356,8 @@ class KubeClaim:
                 log.debug("the watch of claim %s ended: %s", self.name, e)
             finally:
                 response.close()
+            if time.monotonic() - started >= WATCH_RETRY_LONGEST:
+                failures = 0  # a watch that lasted the longest wait starts the waits over
             time.sleep(max(0.0, started + 1.0 - time.monotonic()))
 
     def _ask_for_no_grant(self) -> None:
