@@ -212,10 +212,14 @@ mod tests {
             namespace: "ns".into(),
             uid: "u".into(),
         };
-        let (claim, session, renewal) =
-            crate::client::k8s::lease::create(leases, "l", &identity, (lease_secs, &Default::default()))
-                .await
-                .unwrap();
+        let (claim, session, renewal) = crate::client::k8s::lease::create(
+            (leases.clone(), leases),
+            "l",
+            &identity,
+            (lease_secs, &Default::default()),
+        )
+        .await
+        .unwrap();
         Held {
             session,
             claim,

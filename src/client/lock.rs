@@ -62,8 +62,10 @@ impl LockBuilder {
     /// client with a connection pool of its own. A long-running watch holds an HTTP/1.1
     /// connection for as long as it runs, so with one pool the release may have to open
     /// (and TLS-handshake) a new connection on the handoff path; a second pool keeps a
-    /// warm one for writes. Build it from the same configuration as the first, with
-    /// [`crate::kubeconfig::client_from`] (connections without Nagle's delay).
+    /// warm one for writes (a claim's own watches while designated go on the lock's
+    /// client, with the lock's watch). Build it from the same configuration as the
+    /// first, with [`crate::kubeconfig::client_from`] (connections without Nagle's
+    /// delay).
     pub fn write_client(mut self, client: Client) -> Self {
         self.writes = Some(client);
         self

@@ -139,3 +139,24 @@ def test_a_claim_watch_failing_on_ends_when_its_wait_stops(monkeypatch):
 
     _claim(leases).watch_self(lambda _lease: True, alive, lambda _r: None)
     assert leases.watches == 3, "no watch made once the wait stopped"
+
+
+def test_a_claims_watch_goes_on_the_watch_client_and_not_the_write_client():
+    writes, watches = _FailingLeases(0, 0), _FailingLeases(0, 0)
+    claim = _kube.KubeClaim(writes, "c-1", "ns", "l", p.Secret(), "u-1", 15.0, watches)  # type: ignore[arg-type]
+    claim.watch_self(lambda _lease: True, lambda: True, lambda _r: None)
+    assert (watches.watches, writes.watches) == (1, 0)
+
+
+def test_a_lock_watches_its_claims_through_its_read_client():
+    from kubernetes import client as k8s
+
+    from leasehold_client import Lock
+
+    reads, writes = k8s.ApiClient(), k8s.ApiClient()
+    pod = p.PodIdentity("p", "ns", "u")
+    lock = Lock("l", "ns", identity=pod, api_client=reads, write_client=writes)
+    # A watch ended unfinished at the grant closes its connection: on the write pool,
+    # the release after the grant would wait for a new one and its TLS handshake.
+    assert lock._lease_watches.api_client is reads
+    assert lock._leases.api_client is writes

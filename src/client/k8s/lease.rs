@@ -25,7 +25,13 @@ use crate::protocol::timing::renew_timeout;
 /// answered as written with a signature by the key the same status published.
 #[derive(Debug)]
 pub(crate) struct KubeClaim {
+    /// The claim's writes: its creation, renewals and release mark.
     leases: Api<Lease>,
+    /// The claim's watches while designated (its own, its predecessor's), on the lock
+    /// handle's watch client: a watch holds its HTTP/1.1 connection for as long as it
+    /// runs, and one ended unfinished closes it, so on the write pool the release
+    /// mark after the grant found no open connection and waited for a TLS handshake.
+    watches: Api<Lease>,
     /// The claim's name.
     name: String,
     /// The claim's (namespace, lock).
@@ -41,10 +47,12 @@ pub(crate) struct KubeClaim {
 }
 
 /// Create the claim for `lock` and start its session (renewed at the waiting cadence);
-/// the handle is the renewal task. `watch_refused`: whether a watch of an earlier claim
-/// of this lock handle was refused (then this one asks for no grant written on it).
+/// the handle is the renewal task. `leases`: the Leases of the claim's namespace, for
+/// its writes and for its watches ([`KubeClaim::leases`]). `watch_refused`: whether a
+/// watch of an earlier claim of this lock handle was refused (then this one asks for no
+/// grant written on it).
 pub(crate) async fn create(
-    leases: Api<Lease>,
+    (leases, watches): (Api<Lease>, Api<Lease>),
     lock: &str,
     identity: &PodIdentity,
     (lease_secs, watch_refused): (i32, &Arc<std::sync::atomic::AtomicBool>),
@@ -75,6 +83,7 @@ pub(crate) async fn create(
     };
     let claim = Arc::new(KubeClaim {
         leases,
+        watches,
         name: name.clone(),
         lock: (identity.namespace.clone(), lock.to_string()),
         secret,
@@ -95,10 +104,11 @@ impl KubeClaim {
         self.secret.hash()
     }
 
-    /// The Leases of the claim's namespace (to watch the claim while designated), and
-    /// the flag its lock handle's claims share, set once such a watch was refused.
+    /// The Leases of the claim's namespace on the watch client (to watch the claim while
+    /// designated), and the flag its lock handle's claims share, set once such a watch
+    /// was refused.
     pub fn leases(&self) -> (Api<Lease>, Arc<std::sync::atomic::AtomicBool>) {
-        (self.leases.clone(), Arc::clone(&self.watch_refused))
+        (self.watches.clone(), Arc::clone(&self.watch_refused))
     }
 
     /// What the owner shows when it waits for a direct grant.
@@ -252,6 +262,11 @@ mod tests {
         Api::namespaced(client, "ns")
     }
 
+    /// `leases` for a claim's writes and its watches alike.
+    fn both(leases: Api<Lease>) -> (Api<Lease>, Api<Lease>) {
+        (leases.clone(), leases)
+    }
+
     /// A client whose claim create is answered after `create_takes`, and whose every
     /// later request hangs: the path to the API server black-holes packets.
     fn black_holed_after_create(create_takes: Duration) -> Api<Lease> {
@@ -299,7 +314,7 @@ mod tests {
         });
         let pod = identity();
         let refused = Arc::default();
-        let create = create(leases(client), "l", &pod, (15, &refused));
+        let create = create(both(leases(client)), "l", &pod, (15, &refused));
         let dropped = tokio::time::timeout(Duration::from_millis(50), create).await;
         assert!(dropped.is_err(), "the caller gave up while the create was out");
         let patch = tokio::time::timeout(Duration::from_secs(10), patches.recv())
@@ -324,7 +339,7 @@ mod tests {
                 false => (200, claim_lease()),
             }
         });
-        let (_claim, session, _task) = create(leases(client), "l", &identity(), (15, &Default::default()))
+        let (_claim, session, _task) = create(both(leases(client)), "l", &identity(), (15, &Default::default()))
             .await
             .unwrap();
         session.hold().await.unwrap();
@@ -342,7 +357,7 @@ mod tests {
             let lease = Duration::from_secs(secs);
             let sent = Instant::now();
             let leases = black_holed_after_create(Duration::from_millis(100));
-            let (_claim, session, task) = create(leases, "l", &identity(), (secs as i32, &Default::default()))
+            let (_claim, session, task) = create(both(leases), "l", &identity(), (secs as i32, &Default::default()))
                 .await
                 .unwrap();
             session
@@ -364,7 +379,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_waiting_claim_writes_every_80_s_and_a_held_one_every_third_of_its_lease() {
         let (leases, patches) = counting_patches(Duration::from_millis(5));
-        let (_claim, session, _task) = create(leases, "l", &identity(), (15, &Default::default()))
+        let (_claim, session, _task) = create(both(leases), "l", &identity(), (15, &Default::default()))
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_secs(600)).await;
@@ -387,7 +402,7 @@ mod tests {
         let lease = Duration::from_secs(15);
         let takes = Duration::from_secs(2);
         let (leases, patches) = counting_patches(takes);
-        let (_claim, session, _task) = create(leases, "l", &identity(), (15, &Default::default()))
+        let (_claim, session, _task) = create(both(leases), "l", &identity(), (15, &Default::default()))
             .await
             .unwrap();
         // Granted 100 s on: its last write (the renewal at 60 s) stops it by 71.25 s.
@@ -412,7 +427,7 @@ mod tests {
         let lease = Duration::from_secs(15);
         let created = Instant::now();
         let leases = black_holed_after_create(Duration::from_millis(100));
-        let (_claim, session, task) = create(leases, "l", &identity(), (15, &Default::default()))
+        let (_claim, session, task) = create(both(leases), "l", &identity(), (15, &Default::default()))
             .await
             .unwrap();
         session.lost().await;
@@ -431,7 +446,7 @@ mod tests {
     async fn a_waiter_is_not_lost_to_failing_renewals_but_a_claim_granted_then_is_within_its_lease() {
         let lease = Duration::from_secs(15);
         let leases = black_holed_after_create(Duration::from_millis(100));
-        let (_claim, session, task) = create(leases, "l", &identity(), (15, &Default::default()))
+        let (_claim, session, task) = create(both(leases), "l", &identity(), (15, &Default::default()))
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_secs(100)).await;

@@ -254,17 +254,28 @@ def watch_retry_wait(failures: int) -> float:
 
 
 class KubeClaim:
-    """A claim Lease this process created, renewed and given up through ``leases``."""
+    """A claim Lease this process created, renewed and given up through ``leases``, and
+    watched while designated through ``watches`` (the lock handle's read client; else
+    ``leases``). A watch holds its connection for as long as it runs, and one closed
+    unfinished at the grant is not reused: on the write client's pool the release after
+    the grant would wait for a new connection and its TLS handshake."""
 
-    def __init__(self, leases: k8s.CoordinationV1Api, name: str, namespace: str, lock: str, secret: p.Secret, uid: Optional[str], lease: float) -> None:
+    def __init__(
+        self, leases: k8s.CoordinationV1Api, name: str, namespace: str, lock: str, secret: p.Secret, uid: Optional[str], lease: float,
+        watches: Optional[k8s.CoordinationV1Api] = None,
+    ) -> None:
         self.leases, self.name, self.namespace, self.lock = leases, name, namespace, lock
+        self.watches = watches or leases
         self.secret, self.uid, self.lease = secret, uid, lease
         self._target_lock = threading.Lock()
         self._notice_target: Any = None
 
     @staticmethod
-    def create(leases: k8s.CoordinationV1Api, lock: str, pod: p.PodIdentity, lease_seconds: int) -> Tuple["KubeClaim", float]:
-        """Create a claim for ``lock``; the claim and the moment its create was sent."""
+    def create(
+        leases: k8s.CoordinationV1Api, lock: str, pod: p.PodIdentity, lease_seconds: int, watches: Optional[k8s.CoordinationV1Api] = None
+    ) -> Tuple["KubeClaim", float]:
+        """Create a claim for ``lock`` through ``leases``, watched through ``watches``; the
+        claim and the moment its create was sent."""
         name = p.claim_name(lock)
         secret = p.Secret()
         body = p.claim_lease(name, lock, pod, lease_seconds, secret)
@@ -279,7 +290,7 @@ class KubeClaim:
         except Exception as e:  # noqa: BLE001 - no answer from the API server
             raise ApiError("creating the claim Lease", e) from e
         uid = (created.get("metadata") or {}).get("uid")
-        return KubeClaim(leases, name, pod.namespace, lock, secret, uid, float(max(lease_seconds, 1))), sent
+        return KubeClaim(leases, name, pod.namespace, lock, secret, uid, float(max(lease_seconds, 1)), watches), sent
 
     def _patch(self, body: dict, timeout: Optional[float]) -> dict:
         return _json(
@@ -328,7 +339,7 @@ class KubeClaim:
         while alive():
             started = time.monotonic()
             try:
-                response: Any = self.leases.list_namespaced_lease(
+                response: Any = self.watches.list_namespaced_lease(
                     self.namespace, field_selector=selector, watch=True, resource_version="0",
                     timeout_seconds=CLAIM_WATCH_SECONDS, _preload_content=False,
                     _request_timeout=(10, CLAIM_WATCH_SECONDS + 40),

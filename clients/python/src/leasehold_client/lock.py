@@ -234,6 +234,9 @@ class Lock:
         writes = write_client or (_kube.api_client() if api_client is None else api_client)
         self._locks = k8s.CustomObjectsApi(reads)
         self._leases = k8s.CoordinationV1Api(writes)
+        # A claim's watches go on the read client: they keep the write pool's connection
+        # open for the release (``_kube.KubeClaim``).
+        self._lease_watches = k8s.CoordinationV1Api(reads)
         self._on_wait = on_wait
         self._mutex = threading.Lock()
         self._held: Optional[_Held] = None
@@ -296,7 +299,7 @@ class Lock:
             while True:
                 _pause_before_claim(made, mode, cancelled)
                 made += 1
-                claim, sent = _kube.KubeClaim.create(self._leases, self.name, self.identity, secs)
+                claim, sent = _kube.KubeClaim.create(self._leases, self.name, self.identity, secs, self._lease_watches)
                 # From here on, whatever fails withdraws the claim (or gives the grant back).
                 session: Optional[Session] = None
                 wait: Optional[_Wait] = None
