@@ -119,11 +119,13 @@ pub const WAIT_LEASE_ANNOTATION: &str = "leasehold.dev/wait-lease-seconds";
 /// controller writes none (the client learns its grant from the status).
 pub const GRANT_WATCH_ANNOTATION: &str = "leasehold.dev/grant-watch";
 /// Annotation a client sets on its claim at creation (`"true"`) when, while designated
-/// on a lock that publishes no release URL, it also watches its predecessor's claim for
+/// on a lock whose holder is expected to mark its claim (no release URL published, or
+/// none the client expects an answer from), it also watches its predecessor's claim for
 /// the release mark that hands the slot on ([`handover`]). Where that mark is what
-/// grants it, the controller then writes no grant on the claim (the client saw the same
-/// mark; one Lease write and its delivery fewer on the handoff). Absent: the controller
-/// writes it as [`GRANT_WATCH_ANNOTATION`] asks.
+/// grants it and the successor is not waiting over HTTP, the controller then writes no
+/// grant on the claim (the client saw the same mark; one Lease write and its delivery
+/// fewer on the handoff). Absent: the controller writes it as [`GRANT_WATCH_ANNOTATION`]
+/// asks.
 pub const HANDOVER_WATCH_ANNOTATION: &str = "leasehold.dev/handover-watch";
 /// Annotation the controller writes on a designated successor's claim that asked for
 /// it ([`GRANT_WATCH_ANNOTATION`]) when the successor was not told of its grant over

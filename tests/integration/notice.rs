@@ -440,6 +440,68 @@ async fn with_no_controller_running_the_holders_release_mark_hands_the_lock_to_i
     second.release().await.unwrap();
 }
 
+/// Where the clients' packets to the published release URL are dropped, the holder
+/// marks its claim, and a successor that expects no answer from that URL takes the mark
+/// as its grant, as where no URL is published: with no controller running, it takes its
+/// reserved token from the mark alone.
+#[tokio::test]
+async fn behind_a_dropping_release_url_the_holders_mark_hands_the_lock_to_its_successor() {
+    let ns = TestNs::new("handoverdrop").await;
+    let (_hole, controller) = behind_a_dropping_url(&ns, "handoverdrop", 15).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let first = lock_for(&ns, a).acquire().await.unwrap();
+    let lock_b = lock_for(&ns, b);
+    let waiter_b = tokio::spawn(async move { lock_b.acquire().await });
+    let designated = ns.wait_lock("l", "b designated", |l| successor(l).is_some()).await;
+    assert!(designated.status.as_ref().unwrap().release_url.is_some());
+    let (claim_b, reserved) = successor(&designated).unwrap();
+    controller.stop().await;
+
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(DEADLINE, waiter_b)
+        .await
+        .expect("b takes a's release mark as its grant")
+        .unwrap()
+        .unwrap();
+    assert_eq!((second.claim(), second.fencing_token()), (claim_b.as_str(), reserved));
+    second.release().await.unwrap();
+}
+
+/// Behind a dropping release URL, the controller writes no grant on the claim of a
+/// successor that takes the holder's mark itself (it asks for the handover, and is not
+/// waiting over HTTP): one Lease write fewer on the handoff.
+#[tokio::test]
+async fn behind_a_dropping_release_url_a_successor_that_takes_the_mark_is_written_no_grant() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use leasehold::protocol::DIRECT_GRANT_ANNOTATION;
+    let ns = TestNs::new("handoverdropw").await;
+    let _dropping = behind_a_dropping_url(&ns, "handoverdropw", 15).await;
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let first = lock_for(&ns, a).acquire().await.unwrap();
+    let lock_b = lock_for(&ns, b);
+    let waiter_b = tokio::spawn(async move { lock_b.acquire().await });
+    let designated = ns.wait_lock("l", "b designated", |l| successor(l).is_some()).await;
+    let (claim_b, reserved) = successor(&designated).unwrap();
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(DEADLINE, waiter_b)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!((second.claim(), second.fencing_token()), (claim_b.as_str(), reserved));
+    // The grant is written on a claim before the status write that records it.
+    ns.wait_lock("l", "b's grant recorded", |l| holders(l) == ["b"]).await;
+    let claim = kube::Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
+        .get(&claim_b)
+        .await
+        .unwrap();
+    assert!(
+        !claim.annotations().contains_key(DIRECT_GRANT_ANNOTATION),
+        "a grant written on the claim of a successor that took the holder's mark"
+    );
+    second.release().await.unwrap();
+}
+
 /// A stand-in at `addr` answering every request "written" (200 with the controller's
 /// header, signed by a key of its own), the way whatever answers at a stale or hijacked
 /// release URL might; returns how many requests it answered.

@@ -97,6 +97,36 @@ fn skipped(url: &str, now: Instant) -> bool {
     }
 }
 
+/// Whether this process expects no answer from the release URL `url`, so that a holder
+/// too will likely release by its claim's mark: the URL is not one ([`notice_uri`]), or
+/// its probe found it unreachable, or has gone unanswered past [`PROBE_GRACE`] (waited
+/// for until then). A guess from this process's own probe (another pod's path may
+/// differ): a designated successor then also watches the holder's claim for the
+/// handover, which costs one watch when the guess is wrong.
+pub(crate) async fn expects_no_answer(url: &str) -> bool {
+    if notice_uri(url).is_none() {
+        return true;
+    }
+    probe_answered(url).await;
+    unanswered(url, Instant::now())
+}
+
+/// Whether, at `now`, `url` was found unreachable within [`UNREACHABLE_FOR`], or its
+/// probe has been under way for longer than a reachable URL takes ([`PROBE_GRACE`]).
+fn unanswered(url: &str, now: Instant) -> bool {
+    match reach().get(url) {
+        Some(Reach::Probing(began)) => now >= *began + PROBE_GRACE && now < *began + PROBE_STALE,
+        Some(Reach::Unreachable(until)) => *until > now,
+        Some(Reach::Reached) | None => false,
+    }
+}
+
+/// [`learn`], now, for other modules' tests.
+#[cfg(test)]
+pub(super) fn learn_for_test(url: &str, reached: bool) {
+    learn(url, reached, Instant::now());
+}
+
 /// Remember whether `url` could be reached, as learnt at `now`.
 fn learn(url: &str, reached: bool, now: Instant) {
     let known = if reached {
@@ -371,6 +401,36 @@ mod tests {
         learn(url, false, now);
         learn(url, true, now);
         assert!(!skipped(url, now), "reached again: no longer skipped");
+    }
+
+    #[test]
+    fn no_answer_is_expected_from_a_url_found_unreachable_or_whose_probe_hangs() {
+        let (url, now) = ("http://10.0.0.2:8080", Instant::now());
+        assert!(!unanswered(url, now), "not probed yet");
+        reach().insert(url.into(), Reach::Probing(now));
+        assert!(
+            !unanswered(url, now + PROBE_GRACE - Duration::from_millis(1)),
+            "a reachable URL answers by then"
+        );
+        assert!(unanswered(url, now + PROBE_GRACE), "a probe still under way");
+        assert!(!unanswered(url, now + PROBE_STALE), "a stale probe tells nothing");
+        learn(url, false, now);
+        assert!(unanswered(url, now + UNREACHABLE_FOR - Duration::from_millis(1)));
+        assert!(!unanswered(url, now + UNREACHABLE_FOR), "tried again after a while");
+        learn(url, true, now);
+        assert!(!unanswered(url, now), "reached");
+    }
+
+    #[tokio::test]
+    async fn whether_an_answer_is_expected_waits_for_a_probe_only_until_its_grace() {
+        let url = "http://10.0.0.4:8091";
+        assert!(expects_no_answer("not a url").await, "no URL: no notice is sent");
+        assert!(!expects_no_answer(url).await, "not probed: a notice will be tried");
+        let began = Instant::now();
+        reach().insert(url.into(), Reach::Probing(began));
+        assert!(expects_no_answer(url).await, "a probe unanswered past its grace");
+        let waited = began.elapsed();
+        assert!(waited >= PROBE_GRACE && waited < PROBE_STALE, "{waited:?}");
     }
 
     /// A URL whose connections never complete (its listener's accept queue is full), as

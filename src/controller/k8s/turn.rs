@@ -166,9 +166,11 @@ fn grant_directly<IO: TurnIo>(io: &IO, current: &DistributedLock, plan: &Plan<IO
             claim,
             fencing_token,
         };
-        // As the client judges it: only where the status publishes no release URL.
+        // URL or not: a successor that asks for the handover and is not waiting over
+        // HTTP (`io.grant_directly` tells one that is) watches for the holder's mark
+        // where no URL is published or it expects no answer from it; a mark on the
+        // holder's claim means the holder's notice did not get through either.
         let handover = stored
-            .filter(|s| s.release_url.is_none())
             .and_then(|s| crate::protocol::handover(current.spec.max_holders, s, claim))
             .filter(|h| h.token == fencing_token);
         io.grant_directly(&grant, designated_by, handover);
