@@ -406,6 +406,23 @@ async fn a_successor_is_granted_before_the_status_write_and_the_next_controller_
     third.release().await.unwrap();
 }
 
+/// Pod a holds lock `l` and pod b, waiting behind it, is designated its successor: a's
+/// guard, b's acquire, and the lock as it designated b.
+async fn a_holds_b_designated(
+    ns: &TestNs,
+) -> (
+    leasehold::client::Guard,
+    tokio::task::JoinHandle<Result<leasehold::client::Guard, leasehold::client::Error>>,
+    leasehold::api::DistributedLock,
+) {
+    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
+    let first = lock_for(ns, a).acquire().await.unwrap();
+    let lock_b = lock_for(ns, b);
+    let waiter_b = tokio::spawn(async move { lock_b.acquire().await });
+    let designated = ns.wait_lock("l", "b designated", |l| successor(l).is_some()).await;
+    (first, waiter_b, designated)
+}
+
 /// Without release notices (a controller publishing no URL), the holder's release mark
 /// is the designated successor's grant ([`leasehold::protocol::handover`]): with no
 /// controller running, the successor takes its reserved token from the mark alone, and
@@ -415,11 +432,7 @@ async fn with_no_controller_running_the_holders_release_mark_hands_the_lock_to_i
     let ns = TestNs::new("handover").await;
     let controller_a = spawn_controller(&ns, "handover-a"); // no URL: no notices
     ns.lock("l", spec(15)).await;
-    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    let first = lock_for(&ns, a).acquire().await.unwrap();
-    let lock_b = lock_for(&ns, b);
-    let waiter_b = tokio::spawn(async move { lock_b.acquire().await });
-    let designated = ns.wait_lock("l", "b designated", |l| successor(l).is_some()).await;
+    let (first, waiter_b, designated) = a_holds_b_designated(&ns).await;
     let (claim_b, reserved) = successor(&designated).unwrap();
     controller_a.stop().await;
 
@@ -448,11 +461,7 @@ async fn with_no_controller_running_the_holders_release_mark_hands_the_lock_to_i
 async fn behind_a_dropping_release_url_the_holders_mark_hands_the_lock_to_its_successor() {
     let ns = TestNs::new("handoverdrop").await;
     let (_hole, controller) = behind_a_dropping_url(&ns, "handoverdrop", 15).await;
-    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    let first = lock_for(&ns, a).acquire().await.unwrap();
-    let lock_b = lock_for(&ns, b);
-    let waiter_b = tokio::spawn(async move { lock_b.acquire().await });
-    let designated = ns.wait_lock("l", "b designated", |l| successor(l).is_some()).await;
+    let (first, waiter_b, designated) = a_holds_b_designated(&ns).await;
     assert!(designated.status.as_ref().unwrap().release_url.is_some());
     let (claim_b, reserved) = successor(&designated).unwrap();
     controller.stop().await;
@@ -476,11 +485,7 @@ async fn behind_a_dropping_release_url_a_successor_that_takes_the_mark_is_writte
     use leasehold::protocol::DIRECT_GRANT_ANNOTATION;
     let ns = TestNs::new("handoverdropw").await;
     let _dropping = behind_a_dropping_url(&ns, "handoverdropw", 15).await;
-    let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    let first = lock_for(&ns, a).acquire().await.unwrap();
-    let lock_b = lock_for(&ns, b);
-    let waiter_b = tokio::spawn(async move { lock_b.acquire().await });
-    let designated = ns.wait_lock("l", "b designated", |l| successor(l).is_some()).await;
+    let (first, waiter_b, designated) = a_holds_b_designated(&ns).await;
     let (claim_b, reserved) = successor(&designated).unwrap();
     first.release().await.unwrap();
     let second = tokio::time::timeout(DEADLINE, waiter_b)

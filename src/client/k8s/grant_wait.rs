@@ -5,10 +5,9 @@
 //! on a lock of one slot whose holder is expected to mark its claim (no release URL
 //! published, or none this process expects an answer from), a watch on the holder's
 //! claim for the release mark that hands the slot on ([`crate::protocol::handover`]).
-//! A grant is
-//! trusted only when its signature verifies against the key of the status that
-//! designated the claim, for the token reserved there; a handover only when the mark
-//! opens the release hash that status recorded for the holder.
+//! A grant is trusted only when its signature verifies against the key of the status
+//! that designated the claim, for the token reserved there; a handover only when the
+//! mark opens the release hash that status recorded for the holder.
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;

@@ -48,7 +48,7 @@ pub(crate) struct KubeClaim {
 
 /// Create the claim for `lock` and start its session (renewed at the waiting cadence);
 /// the handle is the renewal task. `leases`: the Leases of the claim's namespace, for
-/// its writes and for its watches ([`KubeClaim::leases`]). `watch_refused`: whether a
+/// its writes and for its watches ([`KubeClaim::watches`]). `watch_refused`: whether a
 /// watch of an earlier claim of this lock handle was refused (then this one asks for no
 /// grant written on it).
 pub(crate) async fn create(
@@ -107,7 +107,7 @@ impl KubeClaim {
     /// The Leases of the claim's namespace on the watch client (to watch the claim while
     /// designated), and the flag its lock handle's claims share, set once such a watch
     /// was refused.
-    pub fn leases(&self) -> (Api<Lease>, Arc<std::sync::atomic::AtomicBool>) {
+    pub fn watches(&self) -> (Api<Lease>, Arc<std::sync::atomic::AtomicBool>) {
         (self.watches.clone(), Arc::clone(&self.watch_refused))
     }
 

@@ -126,7 +126,7 @@ pub(super) async fn wait_grant(
         proof: &proof,
         started,
         progress: Progress::new(request.listeners, &session.claim, started, exists),
-        direct: DirectWait::watching(claim.leases()),
+        direct: DirectWait::watching(claim.watches()),
         refused: None,
         was_placed: false,
         notices_to: None,
