@@ -7,7 +7,8 @@ CPU time each process spent inside it, by role: the holder's process tree (`H.`)
 next holder's (`W.`), a contender started less than 50 ms before the handoff began or
 during it (`N.`: the bench starts one as each holder exits), the other queued
 contenders (`Q.`), and everything else by command name; `idle` is the idle CPUs'
-share. With `--timeline`, also prints the median handoff's schedule on each CPU.
+share. With `--timeline`, also prints the median handoff's schedule on each CPU (`--at Q`:
+the one at quantile Q, 1 the slowest).
 
     B=$(cargo bench --features cli --bench handoff --no-run 2>&1 | sed -n 's/.*(\\(.*\\))$/\\1/p')
     mkdir -p /tmp/h
@@ -149,6 +150,8 @@ def main() -> int:
     ap.add_argument("dir", type=Path, help="the --keep-logs dir, with sched.txt (`TZ=UTC perf script` output)")
     ap.add_argument("paths", nargs="+", choices=sorted(LOGS), help="which series")
     ap.add_argument("--timeline", action="store_true", help="print the median handoff's schedule too")
+    ap.add_argument("--at", type=float, default=0.5, metavar="Q",
+                    help="with --timeline, the handoff at this quantile instead of the median (1 = the slowest)")
     args = ap.parse_args()
     trace = Trace(args.dir / "sched.txt")
     tree = contenders(trace)
@@ -168,9 +171,10 @@ def main() -> int:
         for who, ms in cpu_ms.most_common(16):
             print(f"   {who:20s} {ms / len(gaps):7.3f}")
         if args.timeline:
-            a, b = sorted(gaps, key=lambda g: g[1] - g[0])[len(gaps) // 2]
+            ranked = sorted(gaps, key=lambda g: g[1] - g[0])
+            a, b = ranked[min(int(args.at * len(ranked)), len(ranked) - 1)]
             who = sides(trace, tree, (a, b))
-            print(f"-- the median handoff, {1e3 * (b - a):.2f} ms; ms after its start (+ ms on the CPU):")
+            print(f"-- the handoff at quantile {args.at}, {1e3 * (b - a):.2f} ms; ms after its start (+ ms on the CPU):")
             for cpu in sorted(trace.runs):
                 runs = [(st, en, pid, comm) for c, st, en, pid, comm in trace.ran(a, b) if c == cpu]
                 cells = [f"{(st - a) * 1e3:5.2f}+{(en - st) * 1e3:.2f} {label(trace, tree, (a, b), who, pid, comm)}"

@@ -17,7 +17,8 @@
 //!   expires: lease 2 s).
 //!
 //! It also prints the API writes per grant (the API server's own counters, claim
-//! creation left out) of the `run` path and of the `controller` path.
+//! creation left out) of the `run` path and of the `controller` path, and the API
+//! server's part of the `etcd-run` path (the lock's status mirror, each run's start).
 //!
 //! ```sh
 //! cargo bench --features cli --bench handoff                       # release build, 200 rounds
@@ -125,8 +126,14 @@ async fn measure(args: &Args, kubeconfig: &Path, etcd: &str) -> anyhow::Result<(
         run_writes = Some((before, stats::api_requests(&client).await?, n + 1));
         all.push(Series::new("run", "leasehold run: CMD exits -> next CMD starts", s));
     }
+    let mut etcd_run_requests = None;
     if want("etcd-run") {
+        let before = stats::api_requests(&client).await?;
         let s = procs::leasehold_run(leasehold, &client, kubeconfig, k, n, Some(etcd)).await?;
+        // The API server's share of an etcd-backed lock's work: the lock's status (the
+        // controller's mirror of the claims) and each run's start.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        etcd_run_requests = Some((before, stats::api_requests(&client).await?, n + 1));
         all.push(Series::new(
             "etcd-run",
             "leasehold run, etcd backend (same etcd): CMD exits -> next CMD starts",
@@ -219,6 +226,14 @@ async fn measure(args: &Args, kubeconfig: &Path, etcd: &str) -> anyhow::Result<(
             "leasehold run path (release marks)"
         };
         stats::print_writes_per_grant(path, &before, &after, grants);
+    }
+    if let Some((before, after, grants)) = etcd_run_requests {
+        stats::print_writes_per_grant(
+            "leasehold run path, etcd backend (the API server's part)",
+            &before,
+            &after,
+            grants,
+        );
     }
     if let Some((before, after)) = writes {
         stats::print_writes_per_grant("controller path (release marks)", &before, &after, n);

@@ -134,15 +134,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         // release at once, and reap it after.
         Ended::Reported(code) => {
             release(guard).await;
+            // The release is done (or failed, and the claim expires): give the CPU to
+            // the next holder's start before our own exit's work, and the supervisor's
+            // (it waits for the report pipe to close).
+            tokio::time::sleep(EXIT_SETTLE).await;
+            drop(started);
             if tokio::time::timeout(KILL_TIMEOUT, child.wait()).await.is_err() {
                 let _ = child.kill().await;
             }
             // Off the handoff: should anything of CMD's have been re-parented to us
             // after all (a report it forged as root), it dies with us, not after.
             outlived_by_nothing();
-            // The release is done (or failed, and the claim expires): give the CPU to
-            // the next holder's start before our own exit's work.
-            tokio::time::sleep(EXIT_SETTLE).await;
             code
         }
         Ended::Exited(status) => {
@@ -154,6 +156,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             crate::supervise::exit_status(status)
         }
         Ended::Lost => {
+            // A supervisor that reports CMD's end now exits at once.
+            drop(started);
             stop_on_loss((&mut child, pid), guard, &args.lock).await;
             EXIT_LOST
         }

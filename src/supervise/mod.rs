@@ -14,7 +14,9 @@
 //! nothing CMD left behind outlives the grant), and exits with CMD's status. When CMD
 //! left nothing behind, it first reports that status on its report descriptor, so
 //! `leasehold run` can release without waiting for the supervisor's own exit (0.57 ms
-//! of a handoff, measured). CMD's process is started before the grant and waits for
+//! of a handoff, measured), and then exits only once its parent closed the report
+//! pipe (after the release), so that its exit does not compete with the next holder's
+//! start either. CMD's process is started before the grant and waits for
 //! the start message itself ([`start`]: `leasehold guard --start-fd`), so at the grant
 //! it only `exec`s.
 //!
@@ -142,7 +144,9 @@ pub fn supervise(argv: &[OsString], start_fd: Option<i32>, report_fd: Option<i32
             if let Some(report) = report.as_mut() {
                 use std::io::Write;
                 // Best effort: unread, the parent learns the same from our exit.
-                let _ = report.write_all(format!("{REPORT_PREFIX}{code}\n").as_bytes());
+                if report.write_all(format!("{REPORT_PREFIX}{code}\n").as_bytes()).is_ok() {
+                    linger_until_unread(report);
+                }
             }
         } else if !tree::kill_descendants(None) {
             eprintln!(
@@ -152,6 +156,20 @@ pub fn supervise(argv: &[OsString], start_fd: Option<i32>, report_fd: Option<i32
         }
         Ok(code)
     })
+}
+
+/// After a report: stay until the parent closes its end of the report pipe (after its
+/// release; or by dying) or a signal comes, so that this process's exit (its runtime
+/// and image torn down, 0.3 ms of CPU measured) does not compete for the CPU with the
+/// next holder's start. Nothing of CMD's is left by then, so staying holds nothing up.
+fn linger_until_unread(report: &std::fs::File) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    // A pipe's writing end polls as an error once no reader is left. A signal
+    // (SIGTERM, our parent-death signal, among them) interrupts the wait: poll is never
+    // restarted after a handler.
+    let mut fds = [PollFd::new(report.as_fd(), PollFlags::empty())];
+    let _ = poll(&mut fds, PollTimeout::NONE);
 }
 
 /// What the report line starts with; CMD's exit code follows.
@@ -228,7 +246,8 @@ impl Pending {
     }
 }
 
-/// A started supervisor's report of CMD's end.
+/// A started supervisor's report of CMD's end. A supervisor that reported exits only
+/// once this is dropped (or its parent dies): drop it before waiting for that exit.
 pub struct Started {
     report: Option<tokio::io::BufReader<tokio::net::unix::pipe::Receiver>>,
 }

@@ -166,7 +166,7 @@ async fn a_pending_supervisor_starts_cmd_with_the_sent_environment_or_never() {
         cmd.args(["-c", script]).stdout(Stdio::piped());
         (cmd.spawn().unwrap(), pending)
     };
-    let (child, pending) = spawn(
+    let (mut child, pending) = spawn(
         "echo token=$TOKEN; for fd in 3 4; do [ -e /proc/$$/fd/$fd ] && echo fd$fd-open || echo fd$fd-closed; done; exit 7",
     );
     let mut started = pending.start(&[("TOKEN", "42")]).unwrap();
@@ -175,7 +175,19 @@ async fn a_pending_supervisor_starts_cmd_with_the_sent_environment_or_never() {
         Some(7),
         "the supervisor reports CMD's exit code"
     );
-    let out = child.wait_with_output().await.unwrap();
+    // Having reported, it stays (so its exit does not compete with the next holder's
+    // start) until its parent closes the report pipe, and then exits at once.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), child.wait())
+            .await
+            .is_err(),
+        "the supervisor exited while its report pipe was still open"
+    );
+    drop(started);
+    let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(7));
     // CMD got the token, and neither the start nor the report pipe (the supervisor's
