@@ -72,7 +72,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             .as_deref()
             .map(|a| crate::controller::release_url(a, args.http_addr.port())),
         notice_wait: crate::protocol::timing::NOTICE_WAIT,
-        etcd_mirror_settle: crate::controller::ETCD_MIRROR_SETTLE,
+        etcd_mirror: crate::controller::EtcdMirrorPace::default(),
         admission: admission(
             &args.admission_addr,
             &args.admission_cert,

@@ -41,7 +41,7 @@ pub(super) async fn run_leader(
     let (etcd_trigger, etcd_triggers) = tokio::sync::mpsc::unbounded_channel();
     // The scheduler's own triggers: etcd mirrors' changes, and prompts beyond the limit.
     let scheduled = etcd_trigger.clone();
-    let mirrors = Arc::new(Mirrors::new(client.clone(), etcd_trigger, opts.etcd_mirror_settle));
+    let mirrors = Arc::new(Mirrors::new(client.clone(), etcd_trigger, opts.etcd_mirror));
     let written = Arc::new(crate::controller::cache::written::Written::default());
     let api = opts.api::<DistributedLock>(&client);
     let locks = lock_watch(api, lock_writer, metrics.clone(), mirrors.clone(), written.clone());

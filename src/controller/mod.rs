@@ -22,7 +22,7 @@ mod http;
 pub(crate) mod k8s;
 mod leader;
 mod listener;
-pub use etcd::mirror::SETTLE as ETCD_MIRROR_SETTLE;
+pub use etcd::mirror::{INTERVAL as ETCD_MIRROR_INTERVAL, Pace as EtcdMirrorPace, SETTLE as ETCD_MIRROR_SETTLE};
 pub use listener::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_PER_SOURCE};
 pub mod metrics;
 pub(crate) mod prompt;
@@ -76,10 +76,10 @@ pub struct Options {
     /// clients' [`crate::protocol::timing::notice_timeout`] (at least 125 ms), or they
     /// stop waiting first.
     pub notice_wait: Duration,
-    /// How long after a change of an etcd-backed lock's keys its status mirror waits
-    /// before it reconciles, gathering the changes that follow. Default
-    /// [`ETCD_MIRROR_SETTLE`].
-    pub etcd_mirror_settle: Duration,
+    /// When an etcd-backed lock's status mirror reconciles after a change of its keys,
+    /// gathering the changes that follow: [`ETCD_MIRROR_SETTLE`] after it, and no sooner
+    /// than [`ETCD_MIRROR_INTERVAL`] after the previous, by default.
+    pub etcd_mirror: EtcdMirrorPace,
     /// Serve the validating admission webhook for Leases ([`admission`]); `None`
     /// serves none.
     pub admission: Option<admission::Admission>,
@@ -97,7 +97,7 @@ impl Options {
             namespace: namespace.map(String::from),
             release_url: None,
             notice_wait: crate::protocol::timing::NOTICE_WAIT,
-            etcd_mirror_settle: ETCD_MIRROR_SETTLE,
+            etcd_mirror: EtcdMirrorPace::default(),
             admission: None,
         }
     }

@@ -68,7 +68,7 @@ async fn chart_installs_and_its_rbac_is_enough_and_no_more() {
         namespace: Some(app.name.clone()),
         release_url: None,
         notice_wait: leasehold::protocol::timing::NOTICE_WAIT,
-        etcd_mirror_settle: leasehold::controller::ETCD_MIRROR_SETTLE,
+        etcd_mirror: leasehold::controller::EtcdMirrorPace::default(),
         admission: None,
     };
     let _c = spawn_controller_with(as_controller.clone(), opts);

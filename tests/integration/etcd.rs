@@ -12,7 +12,7 @@ use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, watcher};
 use leasehold::api::{Backend, DistributedLock, DistributedLockSpec, EtcdBackend, RevokeReason};
 use leasehold::client::Lock;
-use leasehold::controller::ETCD_MIRROR_SETTLE;
+use leasehold::controller::{ETCD_MIRROR_INTERVAL, ETCD_MIRROR_SETTLE, EtcdMirrorPace};
 use leasehold::etcd::connect::TlsFiles;
 use leasehold::testing::proxy::Proxy;
 
@@ -647,7 +647,7 @@ async fn a_queue_is_granted_in_order_one_at_a_time_as_waiters_move_up_and_one_wi
 }
 
 /// The status mirror of an etcd-backed lock reconciles a change of its keys only once
-/// it has settled (`Options::etcd_mirror_settle`, [`ETCD_MIRROR_SETTLE`] by default),
+/// it has settled (`Options::etcd_mirror`, [`ETCD_MIRROR_SETTLE`] by default),
 /// so that its status write through the API server (into the API server's etcd) does
 /// not compete for the CPU with the handoff it reports; it writes the changes of that
 /// while at once. Here, with a settle of 2 s: a grant and the next claim queued behind
@@ -661,7 +661,10 @@ async fn the_status_mirror_writes_the_changes_of_its_keys_together_once_they_set
     let ns = TestNs::new("etcdsettle").await;
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
     let opts = leasehold::controller::Options {
-        etcd_mirror_settle: SETTLE,
+        etcd_mirror: EtcdMirrorPace {
+            settle: SETTLE,
+            ..EtcdMirrorPace::default()
+        },
         ..leasehold::controller::Options::single("etcdsettle", Some(&ns.name))
     };
     assert!(SETTLE > ETCD_MIRROR_SETTLE, "the default settles sooner");
@@ -709,6 +712,76 @@ async fn the_status_mirror_writes_the_changes_of_its_keys_together_once_they_set
         .unwrap()
         .expect("b holds");
     b_guard.release().await.unwrap();
+}
+
+/// The status mirror of a lock whose keys keep changing writes its status at most once
+/// an interval (`Options::etcd_mirror`, [`ETCD_MIRROR_INTERVAL`] by default), each write
+/// with every change seen by then, and the last one once they stop: here one holder
+/// takes and gives back the lock for 1.5 s (tens of key changes), with an interval of
+/// 1 s. Before, every change was written 25 ms after it: one status write a handoff,
+/// the API server's share of an etcd-backed handoff (measured: docs/measurements.md).
+#[tokio::test]
+async fn the_status_mirror_of_a_busy_lock_writes_at_most_once_an_interval() {
+    const INTERVAL: Duration = Duration::from_secs(1);
+    const CHURN: Duration = Duration::from_millis(1500);
+    let etcd = shared();
+    etcd.ready().await;
+    let ns = TestNs::new("etcdpace").await;
+    let a = ns.pod("a").await;
+    let opts = leasehold::controller::Options {
+        etcd_mirror: EtcdMirrorPace {
+            interval: INTERVAL,
+            ..EtcdMirrorPace::default()
+        },
+        ..leasehold::controller::Options::single("etcdpace", Some(&ns.name))
+    };
+    assert!(INTERVAL > ETCD_MIRROR_INTERVAL, "the default writes more often");
+    let _c = spawn_controller_with(ns.client.clone(), opts);
+    ns.lock("l", etcd_spec(&ns, &etcd.url(), 10, 1)).await;
+    ns.wait_lock("l", "the mirror's first status", |l| {
+        ready_reason(l).as_deref() == Some("Reconciled")
+    })
+    .await;
+    // Every version the API server stores from now on, each as the watch delivers it
+    // (read at once, so that none is dropped from the API server's watch window).
+    let mut versions = watcher(ns.locks(), watcher::Config::default())
+        .applied_objects()
+        .boxed();
+    next_version(&mut versions).await; // the lock as it is now
+    let (seen, mut written) = tokio::sync::mpsc::unbounded_channel();
+    let reading = tokio::spawn(async move {
+        while let Some(Ok(v)) = versions.next().await {
+            if seen.send((Instant::now(), v)).is_err() {
+                return;
+            }
+        }
+    });
+    let lock = Lock::builder(ns.client.clone(), &ns.name, "l")
+        .identity(a)
+        .build()
+        .unwrap();
+    let began = Instant::now();
+    let mut cycles = 0;
+    while began.elapsed() < CHURN {
+        lock.acquire().await.expect("a holds").release().await.unwrap();
+        cycles += 1;
+    }
+    let churned = began.elapsed();
+    // Every status written from the first change until the lock shows free after the
+    // churn (a status shown free during it may be the last one written).
+    ns.wait_lock("l", "the lock free", |l| holders(l).is_empty()).await;
+    reading.abort();
+    let mut at = Vec::new();
+    while let Ok((t, _)) = written.try_recv() {
+        at.push(t - began);
+    }
+    let allowed = 2 + (churned.as_millis() / INTERVAL.as_millis()) as usize;
+    assert!(
+        at.len() <= allowed,
+        "{} status writes for {cycles} grants in {churned:?} (at most {allowed}): {at:?}",
+        at.len()
+    );
+    assert!(cycles >= 10, "only {cycles} grants: the lock hardly changed");
 }
 
 /// The next lock version `versions` shows.

@@ -19,7 +19,7 @@ fn elected(ns: &TestNs, identity: &str, http: Option<u16>) -> Options {
         // Holders send release notices to whichever replica wrote their grant.
         release_url: http.map(|p| leasehold::controller::release_url("127.0.0.1", p)),
         notice_wait: leasehold::protocol::timing::NOTICE_WAIT,
-        etcd_mirror_settle: leasehold::controller::ETCD_MIRROR_SETTLE,
+        etcd_mirror: leasehold::controller::EtcdMirrorPace::default(),
         admission: None,
     }
 }

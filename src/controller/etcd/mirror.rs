@@ -1,7 +1,8 @@
 //! The mirrors of etcd-backed locks: one task per lock watches its keys in etcd,
 //! publishes every change it sees at once as the latest [`View`], and triggers the
-//! lock's reconcile a while after a change ([`SETTLE`] by default), once for all the
-//! changes seen by then; the reconcile reads the latest view.
+//! lock's reconcile a while after a change ([`SETTLE`] by default, and no sooner than
+//! [`INTERVAL`] after the previous one), once for all the changes seen by then; the
+//! reconcile reads the latest view.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -32,6 +33,14 @@ pub const MAX_RETRY: Duration = Duration::from_secs(10);
 /// shows the keys as they are when it is written: a grant given and released within
 /// the settle shows in none (as before, one shorter than a status write).
 pub const SETTLE: Duration = Duration::from_millis(25);
+/// The least time between two reconciles of one lock that its key changes trigger by
+/// default: a lock whose keys change faster (a handoff every few milliseconds) has its
+/// status written at most this often, with every change seen by then. Each status write
+/// costs the API server three to five Lease writes' work, sent on to every watcher of the
+/// lock; at one a handoff, they made the API server's share of an etcd-backed handoff
+/// (measured: docs/measurements.md). The status of a busy lock lags its keys by at most
+/// this; a pod's deletion still prompts a reconcile at once.
+pub const INTERVAL: Duration = Duration::from_millis(250);
 /// How soon a lock whose etcd is unreachable is looked at again.
 pub const UNAVAILABLE_REQUEUE: Duration = Duration::from_secs(5);
 
@@ -63,23 +72,19 @@ impl Drop for Entry {
 pub struct Mirrors {
     client: kube::Client,
     trigger: mpsc::UnboundedSender<ObjectRef<DistributedLock>>,
-    /// How long after a change the lock's reconcile is triggered ([`SETTLE`]).
-    settle: Duration,
+    /// When the lock's reconcile is triggered after a change.
+    pace: Pace,
     entries: Mutex<HashMap<ObjectRef<DistributedLock>, Entry>>,
 }
 
 impl Mirrors {
     /// Mirrors that read TLS Secrets with `client` and send reconcile triggers to
-    /// `trigger`, `settle` after a change.
-    pub fn new(
-        client: kube::Client,
-        trigger: mpsc::UnboundedSender<ObjectRef<DistributedLock>>,
-        settle: Duration,
-    ) -> Self {
+    /// `trigger` at `pace`.
+    pub fn new(client: kube::Client, trigger: mpsc::UnboundedSender<ObjectRef<DistributedLock>>, pace: Pace) -> Self {
         Mirrors {
             client,
             trigger,
-            settle,
+            pace,
             entries: Mutex::default(),
         }
     }
@@ -100,7 +105,7 @@ impl Mirrors {
             ns,
             backend.clone(),
             tx,
-            (self.trigger.clone(), self.settle),
+            (self.trigger.clone(), self.pace),
         ));
         let entry = Entry {
             backend: backend.clone(),
@@ -155,7 +160,7 @@ async fn run_mirror(
     ns: String,
     backend: EtcdBackend,
     view: watch::Sender<View>,
-    (trigger, settle): (mpsc::UnboundedSender<ObjectRef<DistributedLock>>, Duration),
+    (trigger, pace): (mpsc::UnboundedSender<ObjectRef<DistributedLock>>, Pace),
 ) {
     let prefix = lock_prefix(&backend, &ns, &lock.name);
     let mut backoff = Duration::from_millis(250);
@@ -166,7 +171,7 @@ async fn run_mirror(
             &backend,
             &prefix,
             &view,
-            (&lock, &trigger, settle),
+            (&lock, &trigger, pace),
             &mut backoff,
         )
         .await
@@ -189,10 +194,10 @@ async fn mirror_once(
     backend: &EtcdBackend,
     prefix: &str,
     view: &watch::Sender<View>,
-    (lock, trigger, settle): (
+    (lock, trigger, pace): (
         &ObjectRef<DistributedLock>,
         &mpsc::UnboundedSender<ObjectRef<DistributedLock>>,
-        Duration,
+        Pace,
     ),
     backoff: &mut Duration,
 ) -> Result<(), String> {
@@ -219,6 +224,7 @@ async fn mirror_once(
     };
     publish(&keys);
     let _ = trigger.send(lock.clone());
+    let mut last = tokio::time::Instant::now();
     let options = WatchOptions::new().with_prefix().with_start_revision(from);
     let mut stream = client
         .clone()
@@ -227,13 +233,14 @@ async fn mirror_once(
         .map_err(|e| EtcdError::Watch(prefix.into(), e).to_string())?;
     *backoff = Duration::from_millis(250);
     // A change is published at once (a reconcile for any reason sees it) and
-    // reconciled `settle` after it, together with whatever else changed meanwhile.
+    // reconciled at the pace's time, together with whatever else changed meanwhile.
     let mut due: Option<tokio::time::Instant> = None;
     loop {
         let message = tokio::select! {
             m = stream.message() => m,
             () = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
                 due = None;
+                last = tokio::time::Instant::now();
                 let _ = trigger.send(lock.clone());
                 continue;
             }
@@ -249,7 +256,32 @@ async fn mirror_once(
         }
         apply(&mut keys, prefix, r.events());
         publish(&keys);
-        due.get_or_insert_with(|| tokio::time::Instant::now() + settle);
+        due.get_or_insert_with(|| pace.due(tokio::time::Instant::now(), last));
+    }
+}
+
+/// When a lock's mirror triggers its reconcile after a change of its keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pace {
+    /// How long after the change ([`SETTLE`] by default), gathering those that follow.
+    pub settle: Duration,
+    /// The least time since the previous trigger ([`INTERVAL`] by default).
+    pub interval: Duration,
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Pace {
+            settle: SETTLE,
+            interval: INTERVAL,
+        }
+    }
+}
+
+impl Pace {
+    /// The trigger for a change seen at `now`, the previous trigger having been at `last`.
+    pub fn due(&self, now: tokio::time::Instant, last: tokio::time::Instant) -> tokio::time::Instant {
+        (now + self.settle).max(last + self.interval)
     }
 }
 
@@ -281,4 +313,31 @@ fn key_view(prefix: &str, kv: &etcd_client::KeyValue) -> Option<KeyView> {
         lease: kv.lease(),
         value: ClaimValue::parse(kv.value()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_is_reconciled_after_the_settle_and_no_sooner_than_an_interval_after_the_last() {
+        let pace = Pace {
+            settle: Duration::from_millis(25),
+            interval: Duration::from_millis(250),
+        };
+        let t0 = tokio::time::Instant::now();
+        let ms = |n| Duration::from_millis(n);
+        // A quiet lock: the settle alone.
+        assert_eq!(pace.due(t0 + ms(1000), t0), t0 + ms(1025));
+        // A busy lock: the interval since the last trigger.
+        assert_eq!(pace.due(t0 + ms(30), t0), t0 + ms(250));
+        assert_eq!(pace.due(t0 + ms(240), t0), t0 + ms(265), "the settle still holds");
+        assert_eq!(
+            Pace::default(),
+            Pace {
+                settle: SETTLE,
+                interval: INTERVAL
+            }
+        );
+    }
 }
