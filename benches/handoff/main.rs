@@ -31,7 +31,8 @@
 //! as before release notices), `--unanswered-notices` (the published URL's connections
 //! never complete, as when a NetworkPolicy drops the clients' packets to it),
 //! `--keep-logs DIR` (keep the section logs of the process paths, for
-//! `scripts/handoff-cpu.py`: where the CPU goes during each handoff).
+//! `scripts/handoff-cpu.py`: where the CPU goes during each handoff), `--section-ms N`
+//! (how long each CMD of the process paths holds; default 50).
 
 mod inproc;
 mod procs;
@@ -56,6 +57,8 @@ struct Args {
     unanswered: bool,
     /// Keep the section logs of the process paths here (`--keep-logs DIR`).
     keep_logs: Option<PathBuf>,
+    /// How long each CMD of the process paths holds, in ms (`--section-ms N`).
+    section_ms: u32,
 }
 
 fn args() -> Option<Args> {
@@ -70,6 +73,7 @@ fn args() -> Option<Args> {
         notices: !argv.iter().any(|a| a == "--no-notices"),
         unanswered: argv.iter().any(|a| a == "--unanswered-notices"),
         keep_logs: value("--keep-logs").map(PathBuf::from),
+        section_ms: value("--section-ms").and_then(|v| v.parse().ok()).unwrap_or(50),
     })
 }
 
@@ -81,6 +85,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(dir) = &args.keep_logs {
         procs::keep_logs(dir.clone())?;
     }
+    procs::section_ms(args.section_ms);
     let kubeconfig = leasehold::testing::spawn_for_process(Path::new(LEASEHOLD), Duration::from_secs(600))?;
     let etcd = leasehold::dev::etcd_endpoint(&kubeconfig)?;
     tokio::runtime::Builder::new_multi_thread()

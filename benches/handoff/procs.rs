@@ -14,9 +14,25 @@ use tokio::process::Command;
 
 use crate::setup::{LOCK, namespace, namespace_on, pod};
 
-/// The critical section both tools run: log its start, hold for 50 ms, log its end
-/// (times in ns from this machine's clock; `date` costs the same to both).
-const SECTION: &str = "echo start $(date +%s%N) >> $LOG; sleep 0.05; echo end $(date +%s%N) >> $LOG";
+/// How long the critical section holds (`--section-ms`, default 50).
+static SECTION_MS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+/// Hold each critical section `ms` milliseconds.
+pub fn section_ms(ms: u32) {
+    let _ = SECTION_MS.set(ms);
+}
+
+/// The critical section both tools run: log its start, hold for [`section_ms`] (50 ms
+/// by default), log its end (times in ns from this machine's clock; `date` costs the
+/// same to both).
+fn section() -> String {
+    let ms = SECTION_MS.get().copied().unwrap_or(50);
+    format!(
+        "echo start $(date +%s%N) >> $LOG; sleep {}.{:03}; echo end $(date +%s%N) >> $LOG",
+        ms / 1000,
+        ms % 1000
+    )
+}
 
 /// Where the section logs are copied before their temp dirs go (`--keep-logs DIR`).
 static KEEP_LOGS: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
@@ -100,7 +116,7 @@ fn gaps(text: &str) -> anyhow::Result<Vec<Duration>> {
         .collect())
 }
 
-/// `leasehold run --lock bench -- sh -c SECTION` as `pod`, with `$LOG` the shared log.
+/// `leasehold run --lock bench -- sh -c SECTION` (see [`section`]) as `pod`, with `$LOG` the shared log.
 fn run_as(leasehold: &Path, kubeconfig: &Path, pod: &PodIdentity, log: &Log, section: &str) -> Command {
     let mut cmd = Command::new(leasehold);
     cmd.arg("run")
@@ -135,7 +151,7 @@ pub async fn leasehold_run(
         pods.push(pod(client, ns, &format!("w{i}")).await?);
     }
     contend(contenders, rounds, &log.path(), |i| {
-        run_as(leasehold, kubeconfig, &pods[i % pods.len()], &log, SECTION).spawn()
+        run_as(leasehold, kubeconfig, &pods[i % pods.len()], &log, &section()).spawn()
     })
     .await
 }
@@ -145,7 +161,7 @@ pub async fn etcdctl_lock(etcd: &str, contenders: usize, rounds: usize) -> anyho
     let log = Log::new("etcdctl")?;
     let key = format!("leasehold-bench-{}", std::process::id());
     contend(contenders, rounds, &log.path(), |_| {
-        etcdctl(etcd, &key, &log, SECTION).spawn()
+        etcdctl(etcd, &key, &log, &section()).spawn()
     })
     .await
 }
