@@ -93,7 +93,8 @@ pub enum Command {
         #[arg(long)]
         start_fd: Option<i32>,
         /// With --supervise: when the command ended leaving no process behind, write
-        /// `exited CODE` to this inherited descriptor (before exiting with CODE).
+        /// `exited CODE` to this inherited descriptor (a pipe), then exit with CODE once
+        /// its reading end is closed (or a signal comes).
         #[arg(long, requires = "supervise")]
         report_fd: Option<i32>,
         /// The command and its arguments.

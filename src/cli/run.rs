@@ -130,21 +130,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     ready.iter().for_each(|r| r.set(false));
     let code = match ended {
         // The supervisor saw CMD end with nothing of its tree left (it is a subreaper:
-        // nothing of CMD's can be anywhere but below it) and is only exiting now:
-        // release at once, and reap it after.
+        // nothing of CMD's can be anywhere but below it) and exits once we close the
+        // report pipe: release at once, and let it go and reap it after.
         Ended::Reported(code) => {
-            release(guard).await;
-            // The release is done (or failed, and the claim expires): give the CPU to
-            // the next holder's start before our own exit's work, and the supervisor's
-            // (it waits for the report pipe to close).
-            tokio::time::sleep(EXIT_SETTLE).await;
-            drop(started);
-            if tokio::time::timeout(KILL_TIMEOUT, child.wait()).await.is_err() {
-                let _ = child.kill().await;
-            }
-            // Off the handoff: should anything of CMD's have been re-parented to us
-            // after all (a report it forged as root), it dies with us, not after.
-            outlived_by_nothing();
+            release_reported(guard, started, &mut child).await;
             code
         }
         Ended::Exited(status) => {
@@ -277,6 +266,23 @@ enum Ended {
     Exited(std::process::ExitStatus),
     /// The grant was lost while CMD ran.
     Lost,
+}
+
+/// CMD's supervisor (`child`) reported CMD's end with nothing of its tree left: release
+/// at once; then, after [`EXIT_SETTLE`], let the supervisor go (closing the report pipe
+/// it waits on) and reap it.
+async fn release_reported(guard: Guard, started: Started, child: &mut Child) {
+    release(guard).await;
+    // The release is done (or failed, and the claim expires): give the CPU to the next
+    // holder's start before our own exit's work, and the supervisor's.
+    tokio::time::sleep(EXIT_SETTLE).await;
+    drop(started);
+    if tokio::time::timeout(KILL_TIMEOUT, child.wait()).await.is_err() {
+        let _ = child.kill().await;
+    }
+    // Off the handoff: should anything of CMD's have been re-parented to us after all
+    // (a report it forged as root), it dies with us, not after.
+    outlived_by_nothing();
 }
 
 /// Give the grant back after CMD's work is done.

@@ -40,8 +40,9 @@ pub enum WakeOn {
     Tracking,
     /// A mutex's waiter further back: the key second nearest ahead. It cannot hold
     /// while that key exists, and when it goes the waiter is usually next in line: it
-    /// reads again and tracks, before the release it waits for. One waiter woken per
-    /// release.
+    /// reads again (a short while later, or at once should the key next ahead go,
+    /// which it watches too) and tracks, before the release it waits for. One waiter
+    /// woken per release.
     SecondAhead,
     /// A semaphore's waiter further back: any deletion among the lock's keys (any key
     /// ahead going may free a slot for it).

@@ -168,8 +168,16 @@ fn linger_until_unread(report: &std::fs::File) {
     // A pipe's writing end polls as an error once no reader is left. A signal
     // (SIGTERM, our parent-death signal, among them) interrupts the wait: poll is never
     // restarted after a handler.
-    let mut fds = [PollFd::new(report.as_fd(), PollFlags::empty())];
-    let _ = poll(&mut fds, PollTimeout::NONE);
+    // Only a pipe tells when its reader is gone: the report on anything else (a file)
+    // is left to be read after our exit.
+    let pipe = report.metadata().is_ok_and(|m| {
+        use std::os::unix::fs::FileTypeExt;
+        m.file_type().is_fifo()
+    });
+    if pipe {
+        let mut fds = [PollFd::new(report.as_fd(), PollFlags::empty())];
+        let _ = poll(&mut fds, PollTimeout::NONE);
+    }
 }
 
 /// What the report line starts with; CMD's exit code follows.

@@ -594,10 +594,10 @@ async fn a_semaphore_on_etcd_lets_two_hold_and_wakes_the_waiter_when_either_rele
 
 #[tokio::test]
 async fn a_queue_is_granted_in_order_one_at_a_time_as_waiters_move_up_and_one_withdraws() {
-    // A waiter further back watches the key second ahead of it; when that goes it
-    // reads again, and next in line it tracks every key ahead and holds at the
-    // deletion that frees the slot. p2 withdraws while waiting: p3 (its nearest key
-    // ahead gone unseen) and p4 (its second) still get their turns.
+    // A waiter further back watches the two keys ahead of it; when one goes it reads
+    // again (10 ms later for the second ahead), and next in line it tracks every key
+    // ahead and holds at the deletion that frees the slot. p2 withdraws while waiting:
+    // p3 (its nearest key ahead gone) and p4 (its second) still get their turns.
     let depth = 6;
     let etcd = shared();
     etcd.ready().await;

@@ -337,21 +337,25 @@ impl KeyClaim {
             .map_err(|e| Error::Watch(what.clone(), e))?;
         let mut next = match nearest {
             Some(key) => {
-                let next = String::from_utf8_lossy(&key).into_owned();
+                let name = String::from_utf8_lossy(&key).into_owned();
                 let watch = self.client.watch(key, Some(options)).await;
-                Some(watch.map_err(|e| Error::Watch(next, e))?)
+                Some((watch.map_err(|e| Error::Watch(name.clone(), e))?, name))
             }
             None => None,
         };
         let mut mine = self.watch_own(at + 1).await?;
+        let second = async { deletion(&mut ahead).await.map_err(|e| Error::Watch(what, e)) };
         let woken = async {
             match next.as_mut() {
-                Some(next) => read_after(deletion(&mut ahead), deletion(next), SECOND_AHEAD_SETTLE).await,
-                None => deletion(&mut ahead).await,
+                Some((next, name)) => {
+                    let nearest = async { deletion(next).await.map_err(|e| Error::Watch(name.clone(), e)) };
+                    read_after(second, nearest, SECOND_AHEAD_SETTLE).await
+                }
+                None => second.await,
             }
         };
         tokio::select! {
-            woke = woken => woke.map(|()| None).map_err(|e| Error::Watch(what, e)),
+            woke = woken => woke.map(|()| None),
             _ = changed(&mut mine) => Ok(Some(Waited::Lost)),
             _ = session.lost() => Ok(Some(Waited::Lost)),
             _ = deadline => Ok(Some(Waited::TimedOut)),

@@ -38,8 +38,10 @@ pub const SETTLE: Duration = Duration::from_millis(25);
 /// status written at most this often, with every change seen by then. Each status write
 /// costs the API server three to five Lease writes' work, sent on to every watcher of the
 /// lock; at one a handoff, they made the API server's share of an etcd-backed handoff
-/// (measured: docs/measurements.md). The status of a busy lock lags its keys by at most
-/// this; a pod's deletion still prompts a reconcile at once.
+/// (measured: docs/measurements.md). The status of a busy lock lags its keys by up to
+/// this, and a grant given and released within it shows in no status (nor Event, nor
+/// grant metric); a pod event for a pod the status names still prompts a reconcile at
+/// once (one for a pod newer than the status waits for this one).
 pub const INTERVAL: Duration = Duration::from_millis(250);
 /// How soon a lock whose etcd is unreachable is looked at again.
 pub const UNAVAILABLE_REQUEUE: Duration = Duration::from_secs(5);
