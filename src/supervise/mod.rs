@@ -165,9 +165,6 @@ pub fn supervise(argv: &[OsString], start_fd: Option<i32>, report_fd: Option<i32
 fn linger_until_unread(report: &std::fs::File) {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::os::fd::AsFd;
-    // A pipe's writing end polls as an error once no reader is left. A signal
-    // (SIGTERM, our parent-death signal, among them) interrupts the wait: poll is never
-    // restarted after a handler.
     // Only a pipe tells when its reader is gone: the report on anything else (a file)
     // is left to be read after our exit.
     let pipe = report.metadata().is_ok_and(|m| {
@@ -175,6 +172,9 @@ fn linger_until_unread(report: &std::fs::File) {
         m.file_type().is_fifo()
     });
     if pipe {
+        // A pipe's writing end polls as an error once no reader is left. A signal
+        // (SIGTERM, our parent-death signal, among them) interrupts the wait: poll is
+        // never restarted after a handler.
         let mut fds = [PollFd::new(report.as_fd(), PollFlags::empty())];
         let _ = poll(&mut fds, PollTimeout::NONE);
     }

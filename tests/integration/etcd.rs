@@ -660,21 +660,12 @@ async fn the_status_mirror_writes_the_changes_of_its_keys_together_once_they_set
     etcd.ready().await;
     let ns = TestNs::new("etcdsettle").await;
     let (a, b) = (ns.pod("a").await, ns.pod("b").await);
-    let opts = leasehold::controller::Options {
-        etcd_mirror: EtcdMirrorPace {
-            settle: SETTLE,
-            ..EtcdMirrorPace::default()
-        },
-        ..leasehold::controller::Options::single("etcdsettle", Some(&ns.name))
+    let pace = EtcdMirrorPace {
+        settle: SETTLE,
+        ..EtcdMirrorPace::default()
     };
     assert!(SETTLE > ETCD_MIRROR_SETTLE, "the default settles sooner");
-    let _c = spawn_controller_with(ns.client.clone(), opts);
-    ns.lock("l", etcd_spec(&ns, &etcd.url(), 10, 1)).await;
-    let first = ns
-        .wait_lock("l", "the mirror's first status", |l| {
-            ready_reason(l).as_deref() == Some("Reconciled")
-        })
-        .await;
+    let (_c, first) = a_lock_mirrored_at(&ns, etcd, pace).await;
     // Every version the API server stores from now on, from a watch already open.
     let mut versions = watcher(ns.locks(), watcher::Config::default())
         .applied_objects()
@@ -728,20 +719,12 @@ async fn the_status_mirror_of_a_busy_lock_writes_at_most_once_an_interval() {
     etcd.ready().await;
     let ns = TestNs::new("etcdpace").await;
     let a = ns.pod("a").await;
-    let opts = leasehold::controller::Options {
-        etcd_mirror: EtcdMirrorPace {
-            interval: INTERVAL,
-            ..EtcdMirrorPace::default()
-        },
-        ..leasehold::controller::Options::single("etcdpace", Some(&ns.name))
+    let pace = EtcdMirrorPace {
+        interval: INTERVAL,
+        ..EtcdMirrorPace::default()
     };
     assert!(INTERVAL > ETCD_MIRROR_INTERVAL, "the default writes more often");
-    let _c = spawn_controller_with(ns.client.clone(), opts);
-    ns.lock("l", etcd_spec(&ns, &etcd.url(), 10, 1)).await;
-    ns.wait_lock("l", "the mirror's first status", |l| {
-        ready_reason(l).as_deref() == Some("Reconciled")
-    })
-    .await;
+    let (_c, _) = a_lock_mirrored_at(&ns, etcd, pace).await;
     // Every version the API server stores from now on, each as the watch delivers it
     // (read at once, so that none is dropped from the API server's watch window).
     let mut versions = watcher(ns.locks(), watcher::Config::default())
@@ -782,6 +765,23 @@ async fn the_status_mirror_of_a_busy_lock_writes_at_most_once_an_interval() {
         at.len()
     );
     assert!(cycles >= 10, "only {cycles} grants: the lock hardly changed");
+}
+
+/// A controller for `ns` whose etcd mirrors keep `pace`, and lock `l` (one slot, on
+/// `etcd`) as the mirror's first status shows it.
+async fn a_lock_mirrored_at(ns: &TestNs, etcd: &Etcd, pace: EtcdMirrorPace) -> (Running, DistributedLock) {
+    let opts = leasehold::controller::Options {
+        etcd_mirror: pace,
+        ..leasehold::controller::Options::single(&ns.name, Some(&ns.name))
+    };
+    let controller = spawn_controller_with(ns.client.clone(), opts);
+    ns.lock("l", etcd_spec(ns, &etcd.url(), 10, 1)).await;
+    let first = ns
+        .wait_lock("l", "the mirror's first status", |l| {
+            ready_reason(l).as_deref() == Some("Reconciled")
+        })
+        .await;
+    (controller, first)
 }
 
 /// The next lock version `versions` shows.

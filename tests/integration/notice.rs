@@ -423,6 +423,25 @@ async fn a_holds_b_designated(
     (first, waiter_b, designated)
 }
 
+/// With no controller running, a (`first`) releases and b (`waiter_b`) takes a's release
+/// mark as its grant, with the claim and token `designated` reserved for it: b's guard
+/// and that token.
+async fn a_releases_and_b_takes_the_mark(
+    first: leasehold::client::Guard,
+    waiter_b: tokio::task::JoinHandle<Result<leasehold::client::Guard, leasehold::client::Error>>,
+    designated: &leasehold::api::DistributedLock,
+) -> (leasehold::client::Guard, i64) {
+    let (claim_b, reserved) = successor(designated).unwrap();
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(DEADLINE, waiter_b)
+        .await
+        .expect("b takes a's release mark as its grant")
+        .unwrap()
+        .unwrap();
+    assert_eq!((second.claim(), second.fencing_token()), (claim_b.as_str(), reserved));
+    (second, reserved)
+}
+
 /// Without release notices (a controller publishing no URL), the holder's release mark
 /// is the designated successor's grant ([`leasehold::protocol::handover`]): with no
 /// controller running, the successor takes its reserved token from the mark alone, and
@@ -433,16 +452,9 @@ async fn with_no_controller_running_the_holders_release_mark_hands_the_lock_to_i
     let controller_a = spawn_controller(&ns, "handover-a"); // no URL: no notices
     ns.lock("l", spec(15)).await;
     let (first, waiter_b, designated) = a_holds_b_designated(&ns).await;
-    let (claim_b, reserved) = successor(&designated).unwrap();
     controller_a.stop().await;
 
-    first.release().await.unwrap();
-    let second = tokio::time::timeout(DEADLINE, waiter_b)
-        .await
-        .expect("b takes a's release mark as its grant")
-        .unwrap()
-        .unwrap();
-    assert_eq!((second.claim(), second.fencing_token()), (claim_b.as_str(), reserved));
+    let (second, reserved) = a_releases_and_b_takes_the_mark(first, waiter_b, &designated).await;
     let before_any_write = ns.locks().get("l").await.unwrap();
     assert_eq!(holders(&before_any_write), ["a"], "b holds before any status lists it");
 
@@ -463,16 +475,9 @@ async fn behind_a_dropping_release_url_the_holders_mark_hands_the_lock_to_its_su
     let (_hole, controller) = behind_a_dropping_url(&ns, "handoverdrop", 15).await;
     let (first, waiter_b, designated) = a_holds_b_designated(&ns).await;
     assert!(designated.status.as_ref().unwrap().release_url.is_some());
-    let (claim_b, reserved) = successor(&designated).unwrap();
     controller.stop().await;
 
-    first.release().await.unwrap();
-    let second = tokio::time::timeout(DEADLINE, waiter_b)
-        .await
-        .expect("b takes a's release mark as its grant")
-        .unwrap()
-        .unwrap();
-    assert_eq!((second.claim(), second.fencing_token()), (claim_b.as_str(), reserved));
+    let (second, _) = a_releases_and_b_takes_the_mark(first, waiter_b, &designated).await;
     second.release().await.unwrap();
 }
 
