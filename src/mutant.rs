@@ -62,12 +62,16 @@ pub(crate) enum Mutant {
     /// grant, not only one that opens the recorded hash (so a neighbour's forged mark
     /// lets it act beside the holder).
     HandoverByAnyMark,
+    /// The controller tells a designated successor of its grant before the status write
+    /// while other holders keep their slots, by the `maxHolders` its cache shows (the
+    /// user may have lowered it since).
+    DirectGrantBesideHolders,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
 impl Mutant {
     /// Every mutant, in the order they were added.
-    pub(crate) const ALL: [Mutant; 20] = [
+    pub(crate) const ALL: [Mutant; 21] = [
         Mutant::PodGoneAsStopped,
         Mutant::ForgedAsReleased,
         Mutant::DeletedClaimFreesAtOnce,
@@ -88,6 +92,7 @@ impl Mutant {
         Mutant::EtcdWriteWithoutRevision,
         Mutant::EtcdClientLeaseRevokedFirst,
         Mutant::HandoverByAnyMark,
+        Mutant::DirectGrantBesideHolders,
     ];
 
     /// Whether the decide core's world model (`decide::explore`) can show it; the
@@ -109,6 +114,7 @@ impl Mutant {
                 | Mutant::EtcdWriteWithoutRevision
                 | Mutant::EtcdClientLeaseRevokedFirst
                 | Mutant::HandoverByAnyMark
+                | Mutant::DirectGrantBesideHolders
         )
     }
 }

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use kube::ResourceExt;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use leasehold::api::{DistributedLockSpec, RevokeReason};
@@ -397,6 +398,69 @@ async fn a_claim_of_a_pod_re_created_under_its_name_keeps_its_arrival_place() {
     assert_eq!(queue(&l), ["b", "c"], "b claimed first");
     let refused = l.status.unwrap().refused;
     assert!(refused.is_empty(), "b was refused for its old pod's UID: {refused:?}");
+}
+
+/// The system model's finding (menu `mw`): a semaphore's designated successor was told
+/// of its grant by a controller whose cache had not yet seen `maxHolders` lowered, so it
+/// could start beside the remaining holder after the change was stored. Here the
+/// controller's lock watch is stalled while its claim watch is not, and the successor
+/// asks for its grant on its claim.
+#[tokio::test]
+async fn a_grant_beside_a_holder_is_not_sent_from_a_cache_that_missed_max_holders_lowered() {
+    use leasehold::protocol::{DIRECT_GRANT_ANNOTATION, GRANT_WATCH_ANNOTATION};
+    let ns = TestNs::new("lowered").await;
+    let (proxy, lock_watches) = proxied_client("lowered").await;
+    let client = split_client_where(ns.client.clone(), lock_watches, |path| {
+        path.ends_with("/distributedlocks")
+    });
+    let _c = spawn_controller_with(
+        client,
+        leasehold::controller::Options::single("lowered", Some(&ns.name)),
+    );
+    ns.lock("l", spec(120, 2)).await;
+    let claims = claims_in_order(&ns, "l", 2).await;
+    let pod = ns.pod("p2").await;
+    let name = leasehold::protocol::claim::claim_name("l");
+    let mut asks = leasehold::protocol::claim::claim_lease(&name, "l", &pod, 120);
+    asks.annotations_mut()
+        .insert(GRANT_WATCH_ANNOTATION.into(), "true".into());
+    leases(&ns).create(&PostParams::default(), &asks).await.unwrap();
+    let designated = |l: &leasehold::api::DistributedLock| {
+        l.status
+            .as_ref()
+            .and_then(|s| s.successor.as_ref())
+            .map(|s| s.claim.clone())
+            == Some(name.clone())
+    };
+    ns.wait_lock("l", "p2 designated", |l| holders(l) == ["p0", "p1"] && designated(l))
+        .await;
+
+    proxy.freeze_open();
+    ns.locks()
+        .patch(
+            "l",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"maxHolders": 1}})),
+        )
+        .await
+        .unwrap();
+    release(&ns, &claims[0]).await;
+    // The status write, made under the lock's resourceVersion, fails; the controller
+    // reads the lock afresh and decides by maxHolders 1.
+    let l = ns
+        .wait_lock("l", "p0's release decided", |l| holders(l) == ["p1"])
+        .await;
+    assert!(designated(&l), "p2 stays designated");
+    let claim = leases(&ns).get(&name).await.unwrap();
+    assert!(
+        !claim.annotations().contains_key(DIRECT_GRANT_ANNOTATION),
+        "p2 was told of its grant beside p1 after maxHolders went from 2 to 1"
+    );
+
+    proxy.thaw();
+    release(&ns, &claims[1]).await;
+    ns.wait_lock("l", "p2 granted once p1 left", |l| holders(l) == ["p2"])
+        .await;
 }
 
 #[tokio::test]

@@ -10,7 +10,8 @@
 //! fresh read and a deletion under that read's resourceVersion ([`renewed_unseen`]);
 //! look each stray up by name ([`strays`]); restart the expiry of the claims it grants;
 //! tell the designated successor of its grant if the *stored* status designates it
-//! (and, if it learns on a claim, let it start before the status write);
+//! and the grant leaves it alone in the lock (and, if it learns on a claim, let it
+//! start before the status write);
 //! write the status under the resourceVersion read; then apply (deletions, events) and
 //! let a deleted lock go once nothing holds it.
 
@@ -187,6 +188,9 @@ fn grant_directly<IO: TurnIo>(io: &IO, current: &DistributedLock, plan: &Plan<IO
     let Some(s) = current.status.as_ref().and_then(|s| s.successor.as_ref()) else {
         return;
     };
+    if !alone_in_the_lock(plan) && !mutant(Mutant::DirectGrantBesideHolders) {
+        return; // the status write grants it, under the maxHolders stored then
+    }
     let granted = crate::decide::ActionKind::Granted(s.fencing_token);
     if plan
         .decision
@@ -196,6 +200,18 @@ fn grant_directly<IO: TurnIo>(io: &IO, current: &DistributedLock, plan: &Plan<IO
     {
         tell(&s.claim, s.fencing_token);
     }
+}
+
+/// Whether the plan leaves one holder entry in the lock (revoked ones count: they may
+/// still run); with the successor's grant checked below, that entry is the
+/// successor's. Only such a grant is sent before the status write: it is within any
+/// `maxHolders`. A grant beside other holders is judged by the `maxHolders`
+/// of the lock as this controller's cache shows it, which the user may have lowered
+/// since; the status write, made under the resourceVersion read, fails then, but a
+/// grant already sent would stand (the model found a successor started beside the
+/// holder after `maxHolders` went from 2 to 1: `explore::system`, menu `mw`).
+fn alone_in_the_lock<M>(plan: &Plan<M>) -> bool {
+    plan.decision.status.holders.len() == 1
 }
 
 /// Expiry is never judged from a view that may be stale: the claims this plan expires

@@ -342,8 +342,10 @@ impl System {
     /// has stopped by now.
     pub(super) fn see_mark(&mut self, i: usize) {
         let stopped_before = self.stopped_max;
-        if let Some(token) = self.handed_over(i) {
-            self.clients[i].told.insert(token, (true, stopped_before));
+        if let Some(token) = self.handed_over(i)
+            && self.clients[i].told.insert(token, (true, stopped_before)).is_none()
+        {
+            self.check_issued(i, token);
         }
     }
 
@@ -357,7 +359,37 @@ impl System {
         let ok = record::check(status, claim, &wrote(i, lease).written()).is_ok();
         // Told of one grant twice (directly, then by the status): it may act on the first
         // that checked out.
+        let new = !c.told.contains_key(&token);
         let told = c.told.entry(token).or_insert((ok, stopped_before));
         told.0 |= ok;
+        if new {
+            self.check_issued(i, token);
+        }
+    }
+
+    /// The property as a grant reaches client `i`: with it, no more processes may act
+    /// than the lock's `maxHolders` says *now* (a lowered `maxHolders` revokes no one,
+    /// but a grant issued after it is stored counts against it). A process may act if it
+    /// acts or may still run, or was told of a grant it would take (with a status that
+    /// records its claim as it wrote it) and may still take it (its last write's
+    /// deadline has not passed: the lock still counts its slot).
+    fn check_issued(&self, i: usize, token: i64) {
+        let now = self.now;
+        let Some(max) = self.server.lock.as_ref().map(|l| l.spec.max_holders.max(1) as usize) else {
+            return;
+        };
+        let may_act: Vec<usize> = (self.clients.iter().enumerate())
+            .filter(|(j, c)| {
+                let acts = c.token > 0 && c.until > now;
+                let would_take = c.told.values().any(|(as_written, _)| *as_written);
+                let may_take = c.phase == Phase::Waiting && would_take && c.valid_until > now;
+                *j == i || acts || may_take
+            })
+            .map(|(j, _)| j)
+            .collect();
+        assert!(
+            may_act.len() <= max,
+            "client {i} is granted token {token} while clients {may_act:?} may act under a lock of maxHolders {max} (now)"
+        );
     }
 }

@@ -33,7 +33,9 @@
 //! deleted lock go while a process it granted may; every holder a status lists was
 //! granted (or designated) by the lock, with that token; a client never finds its
 //! grant's record tampered unless its claim was patched before the lock recorded it (no
-//! lost waiter). Liveness: see [`settle`].
+//! lost waiter); and, as a grant reaches a client, no more processes may act than the
+//! lock's `maxHolders` says at that moment (the user may change it). Liveness: see
+//! [`settle`].
 
 mod client;
 mod controller;
@@ -94,6 +96,9 @@ pub(super) struct Menu {
     pub leaders: bool,
     /// Processes are killed; holders release by a notice to a controller.
     pub kills: bool,
+    /// The user changes the lock's `maxHolders` (to any value from 1 to the
+    /// configuration's).
+    pub resize: bool,
 }
 
 /// One configuration: the actors and the bound.
@@ -246,6 +251,8 @@ pub(super) enum Step {
     DeleteLock,
     /// The lock, let go, is created again under the same name.
     Recreate,
+    /// The user sets the lock's `maxHolders` to this.
+    Resize(i32),
     /// Time advances to the next deadline, at this many milliseconds.
     Tick(i64),
 }
@@ -413,6 +420,10 @@ impl Machine for System {
                 None => out.push(Step::Recreate),
             }
         }
+        if let Some(l) = self.server.lock.as_ref().filter(|_| menu.resize) {
+            let other = (1..=self.cfg.max_holders).filter(|n| *n != l.spec.max_holders);
+            out.extend(other.map(Step::Resize));
+        }
         out.extend(self.next_deadline().map(|t| Step::Tick(t.0)));
         out
     }
@@ -482,6 +493,12 @@ impl Machine for System {
                 }
             }
             Step::Recreate => self.recreate(),
+            Step::Resize(n) => {
+                let rv = self.next_rv();
+                if let Some(l) = self.server.lock.as_mut() {
+                    (l.spec.max_holders, l.rv) = (n, rv);
+                }
+            }
             Step::Tick(to) => self.tick(Ms(to)),
         }
         self.note_stopped();

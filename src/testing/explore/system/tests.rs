@@ -4,7 +4,7 @@
 //! -- --nocapture`, where `menu` lists the letters of what else may happen: `n`eighbour
 //! (patches and deletes claims; `d`: deletes only), lease `r`emovals, `u`nlabelled claims, `s`tamps (a
 //! token stamped on a claim, a stamped claim of the neighbour's own), `p`ods, `l`ock deletion, `w`atch
-//! lag, `c`ontroller failover, `k`ills, hangs and notices. With `LEASEHOLD_MUTANT=Name`
+//! lag, `c`ontroller failover, `k`ills, hangs and notices, `m`axHolders changed by the user. With `LEASEHOLD_MUTANT=Name`
 //! too, `explore::system::tests::the_system` looks for that mutant within that run.
 
 use super::{Config, Menu, System};
@@ -31,6 +31,7 @@ fn menu(letters: &str) -> Menu {
         lag: letters.contains('w'),
         leaders: letters.contains('c'),
         kills: letters.contains('k'),
+        resize: letters.contains('m'),
     }
 }
 
@@ -82,7 +83,9 @@ fn by_hand() -> Option<Run> {
 /// What `cargo test` explores: the whole menu to a shallow depth, then each kind of
 /// fault alone to a deeper one (2 clients, maxHolders 1, a 4 s lock lease under the
 /// clients' 8 s, so the rules that take the longer lease are exercised), and a
-/// semaphore of 2 among 3 clients. Every state within `settle` steps must settle.
+/// semaphore of 2 among 3 clients: with a neighbour and pods, and with its `maxHolders`
+/// changed under a controller whose watches lag. Every state within `settle` steps must
+/// settle.
 fn ci() -> Vec<Run> {
     // (clients, maxHolders, menu, depth, settle depth)
     let runs = [
@@ -93,6 +96,7 @@ fn ci() -> Vec<Run> {
         (2, 1, "ck", 7, 5),
         (3, 2, "np", 6, 4),
         (2, 1, "rsu", 7, 3),
+        (3, 2, "mw", 8, 4),
     ];
     let to_run = |(clients, max, letters, depth, settle)| Run {
         settle,
@@ -119,27 +123,32 @@ fn mutant_by_hand() -> Option<Mutant> {
     Mutant::ALL.into_iter().find(|m| format!("{m:?}") == name)
 }
 
+/// A bug put back, the clients and `maxHolders` that show it, the menu, the lock's and
+/// the clients' leases, and a depth past its shortest trace.
+type Bug = (Mutant, (usize, i32), &'static str, (i32, i32), usize);
+
 /// Each bug put back, with the configuration that shows it: the fewest actors that
 /// can, the lock's and the clients' leases, and a depth past its shortest trace. (A
 /// lock lease of 1 s under the clients' 12 s is the lowered lease of issue #41's first
 /// finding, and puts the controller's expiry before the holder's first renewal.)
-const MUTANTS: [(Mutant, &str, (i32, i32), usize); 16] = [
-    (Mutant::PodGoneAsStopped, "p", (4, 8), 8),
-    (Mutant::ForgedAsReleased, "n", (4, 8), 8),
-    (Mutant::DeletedClaimFreesAtOnce, "d", (4, 8), 8),
-    (Mutant::HoldBackBySpecLease, "d", (4, 8), 11),
-    (Mutant::LeaseAsPatchedAtGrant, "n", (4, 8), 8),
-    (Mutant::WaiterActsOnWaitRenewal, "", (4, 8), 6),
-    (Mutant::ExpiryWithoutFreshRead, "w", (4, 8), 7),
-    (Mutant::LifoQueue, "", (4, 8), 4),
-    (Mutant::LetGoWithSlotHeldBack, "l", (4, 8), 6),
-    (Mutant::NoTokenEpoch, "l", (4, 8), 10),
-    (Mutant::QueuedWithoutLease, "r", (1, 12), 9),
-    (Mutant::StampTrusted, "s", (4, 8), 3),
-    (Mutant::StatusWithoutVersion, "c", (4, 8), 6),
-    (Mutant::StrayWithoutRead, "u", (4, 8), 8),
-    (Mutant::DirectGrantBeforeStored, "", (4, 8), 3),
-    (Mutant::HandoverByAnyMark, "n", (4, 8), 9),
+const MUTANTS: [Bug; 17] = [
+    (Mutant::PodGoneAsStopped, (2, 1), "p", (4, 8), 8),
+    (Mutant::ForgedAsReleased, (2, 1), "n", (4, 8), 8),
+    (Mutant::DeletedClaimFreesAtOnce, (2, 1), "d", (4, 8), 8),
+    (Mutant::HoldBackBySpecLease, (2, 1), "d", (4, 8), 11),
+    (Mutant::LeaseAsPatchedAtGrant, (2, 1), "n", (4, 8), 8),
+    (Mutant::WaiterActsOnWaitRenewal, (2, 1), "", (4, 8), 6),
+    (Mutant::ExpiryWithoutFreshRead, (2, 1), "w", (4, 8), 7),
+    (Mutant::LifoQueue, (2, 1), "", (4, 8), 4),
+    (Mutant::LetGoWithSlotHeldBack, (2, 1), "l", (4, 8), 6),
+    (Mutant::NoTokenEpoch, (2, 1), "l", (4, 8), 10),
+    (Mutant::QueuedWithoutLease, (2, 1), "r", (1, 12), 9),
+    (Mutant::StampTrusted, (2, 1), "s", (4, 8), 3),
+    (Mutant::StatusWithoutVersion, (2, 1), "c", (4, 8), 6),
+    (Mutant::StrayWithoutRead, (2, 1), "u", (4, 8), 8),
+    (Mutant::DirectGrantBeforeStored, (2, 1), "", (4, 8), 3),
+    (Mutant::HandoverByAnyMark, (2, 1), "n", (4, 8), 9),
+    (Mutant::DirectGrantBesideHolders, (3, 2), "mw", (4, 8), 8),
 ];
 
 /// The mutants to look for: [`MUTANTS`], or the one `LEASEHOLD_MUTANT` names within
@@ -148,7 +157,8 @@ fn mutants() -> Vec<(Mutant, Run)> {
     if let (Some(m), Some(r)) = (mutant_by_hand(), by_hand()) {
         return vec![(m, r)];
     }
-    let to_run = |(bug, letters, leases, depth)| (bug, run(2, 1, leases, menu(letters), depth));
+    let to_run =
+        |(bug, (clients, max), letters, leases, depth): Bug| (bug, run(clients, max, leases, menu(letters), depth));
     MUTANTS.into_iter().map(to_run).collect()
 }
 
