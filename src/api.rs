@@ -98,8 +98,8 @@ pub struct DistributedLockSpec {
 
     /// How many claims may hold the lock at once: 1 makes a mutex, more a counting
     /// semaphore. Lowering it revokes no one; new grants wait until fewer hold it. On the
-    /// etcd backend a waiting claim counts by the value its client read when it claimed:
-    /// a change applies to claims made after it. Default 1.
+    /// etcd backend a raise reaches a claim already waiting only when it claims anew.
+    /// Default 1.
     #[serde(default = "default_max_holders")]
     #[schemars(range(min = 1, max = 1000))]
     pub max_holders: i32,

@@ -203,7 +203,10 @@ impl Lock {
     fn backend(&self, lock: Option<&DistributedLock>) -> Result<Box<dyn Backend>, Error> {
         match lock.and_then(|l| l.spec.etcd()) {
             #[cfg(feature = "etcd")]
-            Some(etcd) => Ok(Box::new(super::etcd::claim_key::Keys(etcd.clone()))),
+            Some(etcd) => Ok(Box::new(super::etcd::claim_key::Keys {
+                backend: etcd.clone(),
+                locks: Api::namespaced(self.kube.client.clone(), &self.identity.namespace),
+            })),
             #[cfg(not(feature = "etcd"))]
             Some(_) => Err(Error::EtcdUnsupported(self.name.clone())),
             None => Ok(Box::new(self.kube.clone())),

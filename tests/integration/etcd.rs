@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::GetOptions;
 use futures::StreamExt;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use leasehold::api::{Backend, DistributedLock, DistributedLockSpec, EtcdBackend, RevokeReason};
 use leasehold::client::Lock;
@@ -590,6 +591,58 @@ async fn a_semaphore_on_etcd_lets_two_hold_and_wakes_the_waiter_when_either_rele
         .expect("c holds");
     assert!(c_token > b.fencing_token());
     assert!(!b.is_lost());
+}
+
+/// A semaphore's waiter granted beside another holder reads the lock's `maxHolders`
+/// first: lowered from 2 to 1 while it waited, it waits on until no key is ahead of it.
+/// (Before, it held beside b by the 2 it read when it claimed.)
+#[tokio::test]
+async fn a_waiter_on_etcd_holds_beside_others_only_by_the_max_holders_stored_now() {
+    let etcd = shared();
+    etcd.ready().await;
+    let ns = TestNs::new("etcdlower").await;
+    ns.lock("l", etcd_spec(&ns, &etcd.url(), 10, 2)).await;
+    let mut locks = Vec::new();
+    for name in ["a", "b", "c"] {
+        let id = ns.pod(name).await;
+        locks.push(
+            Lock::builder(ns.client.clone(), &ns.name, "l")
+                .identity(id)
+                .build()
+                .unwrap(),
+        );
+    }
+    let lock_c = locks.pop().unwrap();
+    let a = locks[0].acquire().await.expect("a holds");
+    let b = locks[1].acquire().await.expect("b holds beside a");
+    let waiting = tokio::spawn(async move {
+        let guard = lock_c.acquire().await;
+        (guard.map(|g| g.fencing_token()), Instant::now(), lock_c)
+    });
+    wait_for("c's claim key", DEADLINE, || async {
+        (keys_left(&ns, etcd).await == 3).then_some(())
+    })
+    .await;
+    let lowered = serde_json::json!({"spec": {"maxHolders": 1}});
+    ns.locks()
+        .patch("l", &PatchParams::default(), &Patch::Merge(&lowered))
+        .await
+        .unwrap();
+    a.release().await.unwrap();
+    wait_for("a's key gone", DEADLINE, || async {
+        (keys_left(&ns, etcd).await == 2).then_some(())
+    })
+    .await;
+    let b_token = b.fencing_token();
+    let b_released = Instant::now();
+    b.release().await.unwrap();
+    let (c_token, c_held, _lock_c) = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap();
+    assert!(c_token.expect("c holds") > b_token);
+    assert!(
+        c_held > b_released,
+        "c held beside b after maxHolders went from 2 to 1 ({:?} before b's release)",
+        b_released - c_held
+    );
 }
 
 #[tokio::test]

@@ -14,8 +14,10 @@ use futures::future::BoxFuture;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use kube::api::Api;
+
 use super::renew::{Etcd, EtcdRenewer, on_own_lease};
-use crate::api::EtcdBackend;
+use crate::api::{DistributedLock, EtcdBackend};
 use crate::client::backend::{Backend, Claim, GiveUp, Granted, Mode, Request, Withdraw, withdraw_now, write_within};
 use crate::client::session::{Cadence, Session};
 use crate::client::{LostReason, State};
@@ -26,8 +28,12 @@ use crate::protocol::PodIdentity;
 use crate::protocol::claim::claim_name;
 use crate::protocol::timing::{etcd_claim_ttl, renew_timeout};
 
-/// The etcd backend: a lock's claims are keys in the etcd its `spec.backend.etcd` names.
-pub(crate) struct Keys(pub EtcdBackend);
+/// The etcd backend: a lock's claims are keys in the etcd its `spec.backend.etcd` names;
+/// `locks` reads the lock's `maxHolders` afresh before a grant beside other holders.
+pub(crate) struct Keys {
+    pub backend: EtcdBackend,
+    pub locks: Api<DistributedLock>,
+}
 
 impl Backend for Keys {
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Option<Granted>, crate::client::Error>> {
@@ -42,7 +48,8 @@ impl Keys {
             .map(|l| (l.spec.lease_duration_seconds, l.spec.max_holders))
             .unwrap_or_default();
         let (mut claim, release, session, renewal) =
-            create(&self.0, request.name, request.identity, secs, max_holders).await?;
+            create(&self.backend, request.name, request.identity, secs, max_holders).await?;
+        claim.spec = Some((self.locks.clone(), request.name.to_string()));
         let given_up: Arc<dyn Claim> = release;
         // If this future is dropped from here on, the claim is withdrawn.
         let mut withdraw = Withdraw::arm(&session, &given_up);
@@ -83,6 +90,10 @@ impl Keys {
 /// and it holds after one read.
 pub const SECOND_AHEAD_SETTLE: Duration = Duration::from_millis(10);
 
+/// How long a waiter granted beside other holders waits for its read of the lock's
+/// `maxHolders` before it goes by the value it last read.
+const SPEC_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Pause before re-opening a broken watch on the claim's own key.
 const REWATCH_DELAY: Duration = Duration::from_millis(200);
 
@@ -105,7 +116,10 @@ struct KeyClaim {
     key: String,
     lease_id: i64,
     revision: i64,
+    /// The lock's `maxHolders` as last read.
     max_holders: i32,
+    /// Where to read it afresh ([`KeyClaim::confirm`]): the lock's API and name.
+    spec: Option<(Api<DistributedLock>, String)>,
 }
 
 /// Gives an etcd claim up: revoking its lease deletes the key only while it is still
@@ -198,6 +212,7 @@ async fn create(
         lease_id,
         revision,
         max_holders,
+        spec: None,
     };
     Ok((claim, Arc::new(release), session, task))
 }
@@ -236,7 +251,7 @@ impl KeyClaim {
                 return Ok(Waited::Lost);
             };
             let count = got.kvs().len() as i64;
-            if holds(count, self.max_holders) {
+            if holds(count, self.max_holders) && self.confirm(count).await {
                 return Ok(Waited::Granted(self.revision));
             }
             if try_only {
@@ -300,7 +315,10 @@ impl KeyClaim {
                     })
                 });
                 match track_ahead(&mut ahead, own, changes, max_holders) {
-                    Tracked::Holds => return Ok(Some(Waited::Granted(granted))),
+                    // No key ahead: within any maxHolders. Beside others: read again
+                    // (and the lock's maxHolders, `confirm`).
+                    Tracked::Holds if ahead.is_empty() => return Ok(Some(Waited::Granted(granted))),
+                    Tracked::Holds => return Ok(None),
                     Tracked::Lost => return Ok(Some(Waited::Lost)),
                     Tracked::Waiting => {}
                 }
@@ -360,6 +378,27 @@ impl KeyClaim {
             _ = session.lost() => Ok(Some(Waited::Lost)),
             _ = deadline => Ok(Some(Waited::TimedOut)),
         }
+    }
+
+    /// Whether a claim with `ahead` keys ahead of it may hold by the lock's `maxHolders`
+    /// as stored now: with none ahead, yes (within any `maxHolders`); beside others, by
+    /// a fresh read of the lock, so that a `maxHolders` the user lowered while it waited
+    /// counts (it then waits on by the new value). A read that fails or finds no lock
+    /// leaves the value last read (the user cannot change it while the API server is
+    /// unreachable).
+    async fn confirm(&mut self, ahead: i64) -> bool {
+        if ahead == 0 {
+            return true;
+        }
+        if let Some((locks, name)) = &self.spec {
+            match tokio::time::timeout(SPEC_READ_TIMEOUT, locks.get_opt(name)).await {
+                Ok(Ok(Some(lock))) => self.max_holders = lock.spec.max_holders,
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => tracing::debug!(lock = name, error = %e, "reading maxHolders failed; by the last read"),
+                Err(_) => tracing::debug!(lock = name, "reading maxHolders timed out; by the last read"),
+            }
+        }
+        holds(ahead, self.max_holders)
     }
 
     async fn watch_own(&mut self, from: i64) -> Result<WatchStream, Error> {
