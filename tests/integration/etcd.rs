@@ -645,6 +645,49 @@ async fn a_waiter_on_etcd_holds_beside_others_only_by_the_max_holders_stored_now
     );
 }
 
+/// A waiter that cannot read the lock's `maxHolders` does not hold beside others: with
+/// its API server's packets dropped it waits until no key is ahead of it (the etcd
+/// path itself still works).
+#[tokio::test]
+async fn a_waiter_on_etcd_that_cannot_read_max_holders_does_not_hold_beside_others() {
+    let etcd = shared();
+    etcd.ready().await;
+    let ns = TestNs::new("etcdblind").await;
+    ns.lock("l", etcd_spec(&ns, &etcd.url(), 10, 2)).await;
+    let mut held = Vec::new();
+    for name in ["a", "b"] {
+        let id = ns.pod(name).await;
+        let lock = Lock::builder(ns.client.clone(), &ns.name, "l")
+            .identity(id)
+            .build()
+            .unwrap();
+        held.push(lock.acquire().await.expect("a and b hold"));
+    }
+    let (proxy, blind) = proxied_client("etcdblind").await;
+    let lock_c = Lock::builder(blind, &ns.name, "l")
+        .identity(ns.pod("c").await)
+        .build()
+        .unwrap();
+    let mut waiting = tokio::spawn(async move { lock_c.acquire().await.map(|g| g.fencing_token()) });
+    wait_for("c's claim key", DEADLINE, || async {
+        (keys_left(&ns, etcd).await == 3).then_some(())
+    })
+    .await;
+    proxy.black_hole();
+    let b = held.pop().unwrap();
+    held.pop().unwrap().release().await.unwrap();
+    // Longer than its read's timeout and a retry: it must not have gone by the value
+    // it read before.
+    let beside = tokio::time::timeout(Duration::from_secs(4), &mut waiting).await;
+    assert!(
+        beside.is_err(),
+        "c held beside b on a maxHolders it could not read: {beside:?}"
+    );
+    b.release().await.unwrap();
+    let c = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap();
+    c.expect("c holds once no key is ahead, without the API server");
+}
+
 #[tokio::test]
 async fn a_queue_is_granted_in_order_one_at_a_time_as_waiters_move_up_and_one_withdraws() {
     // A waiter further back watches the two keys ahead of it; when one goes it reads

@@ -90,9 +90,23 @@ impl Keys {
 /// and it holds after one read.
 pub const SECOND_AHEAD_SETTLE: Duration = Duration::from_millis(10);
 
-/// How long a waiter granted beside other holders waits for its read of the lock's
-/// `maxHolders` before it goes by the value it last read.
+/// How long a waiter that would hold beside other keys waits for its read of the lock's
+/// `maxHolders` ([`KeyClaim::confirm`]).
 const SPEC_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How soon such a waiter whose read failed reads again.
+const SPEC_READ_RETRY: Duration = Duration::from_millis(500);
+
+/// What a claim that would hold by the `maxHolders` it last read does.
+enum Confirmed {
+    /// The wait ends so: granted (the value stored now lets it hold), lost, timed out,
+    /// or a try that would block.
+    Ends(Waited),
+    /// The value stored now is lower: it waits by that.
+    WaitsOn,
+    /// The value could not be read: read the keys again shortly.
+    ReadAgain,
+}
 
 /// Pause before re-opening a broken watch on the claim's own key.
 const REWATCH_DELAY: Duration = Duration::from_millis(200);
@@ -251,8 +265,12 @@ impl KeyClaim {
                 return Ok(Waited::Lost);
             };
             let count = got.kvs().len() as i64;
-            if holds(count, self.max_holders) && self.confirm(count).await {
-                return Ok(Waited::Granted(self.revision));
+            if holds(count, self.max_holders) {
+                match self.confirm(count, session, until, try_only).await {
+                    Confirmed::Ends(waited) => return Ok(waited),
+                    Confirmed::ReadAgain => continue,
+                    Confirmed::WaitsOn => {} // lowered: by the value stored now
+                }
             }
             if try_only {
                 return Ok(Waited::WouldBlock);
@@ -380,25 +398,58 @@ impl KeyClaim {
         }
     }
 
-    /// Whether a claim with `ahead` keys ahead of it may hold by the lock's `maxHolders`
-    /// as stored now: with none ahead, yes (within any `maxHolders`); beside others, by
-    /// a fresh read of the lock, so that a `maxHolders` the user lowered while it waited
-    /// counts (it then waits on by the new value). A read that fails or finds no lock
-    /// leaves the value last read (the user cannot change it while the API server is
-    /// unreachable).
-    async fn confirm(&mut self, ahead: i64) -> bool {
+    /// What a claim with `ahead` keys ahead of it, fewer than the `maxHolders` it last
+    /// read, does: with none ahead it holds (within any `maxHolders`); beside others, it
+    /// first reads the lock afresh, so that a `maxHolders` the user lowered while it
+    /// waited counts (it then waits on by the new value). Until a read answers (within
+    /// [`SPEC_READ_TIMEOUT`], the lock found) it does not hold beside others: it reads
+    /// again [`SPEC_READ_RETRY`] later (a try answers that it would block). Its deadline
+    /// and the session's loss end the wait meanwhile.
+    async fn confirm(&mut self, ahead: i64, session: &Session, until: Option<Instant>, try_only: bool) -> Confirmed {
         if ahead == 0 {
-            return true;
+            return Confirmed::Ends(Waited::Granted(self.revision));
         }
-        if let Some((locks, name)) = &self.spec {
+        let read = async {
+            let (locks, name) = self.spec.as_ref()?;
             match tokio::time::timeout(SPEC_READ_TIMEOUT, locks.get_opt(name)).await {
-                Ok(Ok(Some(lock))) => self.max_holders = lock.spec.max_holders,
-                Ok(Ok(None)) => {}
-                Ok(Err(e)) => tracing::debug!(lock = name, error = %e, "reading maxHolders failed; by the last read"),
-                Err(_) => tracing::debug!(lock = name, "reading maxHolders timed out; by the last read"),
+                Ok(Ok(Some(lock))) => Some(lock.spec.max_holders),
+                Ok(Ok(None)) => None,
+                Ok(Err(e)) => {
+                    tracing::warn!(lock = name, error = %e, "reading maxHolders failed; not holding beside others");
+                    None
+                }
+                Err(_) => {
+                    tracing::warn!(lock = name, "reading maxHolders timed out; not holding beside others");
+                    None
+                }
             }
+        };
+        let deadline = async {
+            match until {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(deadline);
+        let read = tokio::select! {
+            read = read => read,
+            _ = session.lost() => return Confirmed::Ends(Waited::Lost),
+            _ = &mut deadline => return Confirmed::Ends(Waited::TimedOut),
+        };
+        match read {
+            Some(max) if holds(ahead, max) => return Confirmed::Ends(Waited::Granted(self.revision)),
+            Some(max) => {
+                self.max_holders = max;
+                return Confirmed::WaitsOn;
+            }
+            None if try_only => return Confirmed::Ends(Waited::WouldBlock),
+            None => {}
         }
-        holds(ahead, self.max_holders)
+        tokio::select! {
+            _ = tokio::time::sleep(SPEC_READ_RETRY) => Confirmed::ReadAgain,
+            _ = session.lost() => Confirmed::Ends(Waited::Lost),
+            _ = deadline => Confirmed::Ends(Waited::TimedOut),
+        }
     }
 
     async fn watch_own(&mut self, from: i64) -> Result<WatchStream, Error> {
