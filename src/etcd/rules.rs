@@ -36,7 +36,8 @@ pub fn holds(ahead: i64, max_holders: i32) -> bool {
 pub enum WakeOn {
     /// Next in line (exactly `maxHolders` keys ahead): the lock's whole prefix, tracking
     /// every key ahead ([`track_ahead`]), so it holds at the very event that frees its
-    /// slot, with no read after it. One waiter of a mutex watches so.
+    /// slot, with no read after it (beside other keys, a semaphore's waiter reads its
+    /// keys and the lock's `maxHolders` again first). One waiter of a mutex watches so.
     Tracking,
     /// A mutex's waiter further back: the key second nearest ahead. It cannot hold
     /// while that key exists, and when it goes the waiter is usually next in line: it

@@ -15,7 +15,12 @@
 //! (a successor whose process may run on keeps a slot held back like a revoked holder).
 //! So whichever controller writes next, and whatever it knows of the direct grant, the
 //! slot goes to the same claim with the same token, and a successor told of its grant
-//! is counted in every decision as if it held. The successor then acts by the holder's
+//! is counted in every decision as if it held. One thing the designation cannot fix is
+//! the lock's `maxHolders`, which the user may lower after the controller read it: so a
+//! grant is sent before its write only where it leaves its successor alone in the lock,
+//! within any `maxHolders` (`controller::k8s::turn`); a semaphore's successor granted
+//! beside other holders learns of it from the status write, made under the
+//! resourceVersion read. The successor then acts by the holder's
 //! timing rules ([`super::timing`]) from its last acknowledged write, as after a grant
 //! seen in status.
 //!

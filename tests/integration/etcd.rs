@@ -676,8 +676,9 @@ async fn a_waiter_on_etcd_that_cannot_read_max_holders_does_not_hold_beside_othe
     proxy.black_hole();
     let b = held.pop().unwrap();
     held.pop().unwrap().release().await.unwrap();
-    // Longer than its read's timeout and a retry: it must not have gone by the value
-    // it read before.
+    // Longer than its read's timeout and the delay before it reads again
+    // (`SPEC_READ_TIMEOUT` 2 s, `SPEC_REREAD_DELAY` 500 ms): it must not have gone by the
+    // value it read before.
     let beside = tokio::time::timeout(Duration::from_secs(4), &mut waiting).await;
     assert!(
         beside.is_err(),

@@ -31,7 +31,9 @@ use crate::protocol::timing::{etcd_claim_ttl, renew_timeout};
 /// The etcd backend: a lock's claims are keys in the etcd its `spec.backend.etcd` names;
 /// `locks` reads the lock's `maxHolders` afresh before a grant beside other holders.
 pub(crate) struct Keys {
+    /// Where the lock's claims live.
     pub backend: EtcdBackend,
+    /// The locks of the client's namespace.
     pub locks: Api<DistributedLock>,
 }
 
@@ -49,7 +51,10 @@ impl Keys {
             .unwrap_or_default();
         let (mut claim, release, session, renewal) =
             create(&self.backend, request.name, request.identity, secs, max_holders).await?;
-        claim.spec = Some((self.locks.clone(), request.name.to_string()));
+        claim.lock = Some(LockRef {
+            api: self.locks.clone(),
+            name: request.name.to_string(),
+        });
         let given_up: Arc<dyn Claim> = release;
         // If this future is dropped from here on, the claim is withdrawn.
         let mut withdraw = Withdraw::arm(&session, &given_up);
@@ -95,7 +100,7 @@ pub const SECOND_AHEAD_SETTLE: Duration = Duration::from_millis(10);
 const SPEC_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How soon such a waiter whose read failed reads again.
-const SPEC_READ_RETRY: Duration = Duration::from_millis(500);
+const SPEC_REREAD_DELAY: Duration = Duration::from_millis(500);
 
 /// What a claim that would hold by the `maxHolders` it last read does.
 enum Confirmed {
@@ -132,8 +137,14 @@ struct KeyClaim {
     revision: i64,
     /// The lock's `maxHolders` as last read.
     max_holders: i32,
-    /// Where to read it afresh ([`KeyClaim::confirm`]): the lock's API and name.
-    spec: Option<(Api<DistributedLock>, String)>,
+    /// Where to read it afresh ([`KeyClaim::confirm`]).
+    lock: Option<LockRef>,
+}
+
+/// The DistributedLock a claim is for, to read its `maxHolders` afresh.
+struct LockRef {
+    api: Api<DistributedLock>,
+    name: String,
 }
 
 /// Gives an etcd claim up: revoking its lease deletes the key only while it is still
@@ -226,7 +237,7 @@ async fn create(
         lease_id,
         revision,
         max_holders,
-        spec: None,
+        lock: None,
     };
     Ok((claim, Arc::new(release), session, task))
 }
@@ -401,19 +412,24 @@ impl KeyClaim {
     /// What a claim with `ahead` keys ahead of it, fewer than the `maxHolders` it last
     /// read, does: with none ahead it holds (within any `maxHolders`); beside others, it
     /// first reads the lock afresh, so that a `maxHolders` the user lowered while it
-    /// waited counts (it then waits on by the new value). Until a read answers (within
-    /// [`SPEC_READ_TIMEOUT`], the lock found) it does not hold beside others: it reads
-    /// again [`SPEC_READ_RETRY`] later (a try answers that it would block). Its deadline
-    /// and the session's loss end the wait meanwhile.
+    /// waited counts (it then waits on by the new value); a lock deleted meanwhile, by
+    /// the value last read (it can change no more). Until a read answers (within
+    /// [`SPEC_READ_TIMEOUT`]) it does not hold beside others: it reads again
+    /// [`SPEC_REREAD_DELAY`] later (a try answers that it would block). Its deadline and
+    /// the session's loss end the wait meanwhile.
     async fn confirm(&mut self, ahead: i64, session: &Session, until: Option<Instant>, try_only: bool) -> Confirmed {
         if ahead == 0 {
             return Confirmed::Ends(Waited::Granted(self.revision));
         }
+        let last = self.max_holders;
         let read = async {
-            let (locks, name) = self.spec.as_ref()?;
-            match tokio::time::timeout(SPEC_READ_TIMEOUT, locks.get_opt(name)).await {
+            let LockRef { api, name } = self.lock.as_ref()?;
+            match tokio::time::timeout(SPEC_READ_TIMEOUT, api.get_opt(name)).await {
                 Ok(Ok(Some(lock))) => Some(lock.spec.max_holders),
-                Ok(Ok(None)) => None,
+                Ok(Ok(None)) => {
+                    tracing::info!(lock = name, "the lock is gone; by the maxHolders last read");
+                    Some(last)
+                }
                 Ok(Err(e)) => {
                     tracing::warn!(lock = name, error = %e, "reading maxHolders failed; not holding beside others");
                     None
@@ -446,7 +462,7 @@ impl KeyClaim {
             None => {}
         }
         tokio::select! {
-            _ = tokio::time::sleep(SPEC_READ_RETRY) => Confirmed::ReadAgain,
+            _ = tokio::time::sleep(SPEC_REREAD_DELAY) => Confirmed::ReadAgain,
             _ = session.lost() => Confirmed::Ends(Waited::Lost),
             _ = deadline => Confirmed::Ends(Waited::TimedOut),
         }

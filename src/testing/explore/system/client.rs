@@ -367,7 +367,7 @@ impl System {
         }
     }
 
-    /// The property as a grant reaches client `i`: with it, no more processes may act
+    /// The property as a grant is issued to client `i` (told at its issue): with it, no more processes may act
     /// than the lock's `maxHolders` says *now* (a lowered `maxHolders` revokes no one,
     /// but a grant issued after it is stored counts against it). A process may act if it
     /// acts or may still run, or was told of a grant it would take (with a status that

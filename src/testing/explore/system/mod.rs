@@ -33,8 +33,9 @@
 //! deleted lock go while a process it granted may; every holder a status lists was
 //! granted (or designated) by the lock, with that token; a client never finds its
 //! grant's record tampered unless its claim was patched before the lock recorded it (no
-//! lost waiter); and, as a grant reaches a client, no more processes may act than the
-//! lock's `maxHolders` says at that moment (the user may change it). Liveness: see
+//! lost waiter); and, as a grant is issued (the model tells its client at the status
+//! write that records it, the direct grant, or the mark it takes), no more processes may
+//! act than the lock's `maxHolders` says at that moment (the user may change it). Liveness: see
 //! [`settle`].
 
 mod client;
