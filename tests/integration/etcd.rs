@@ -226,6 +226,36 @@ async fn keys_left(ns: &TestNs, etcd: &Etcd) -> usize {
     got.kvs().len()
 }
 
+/// Wait until `n` claim keys are left under the test's prefix.
+async fn keys_come_to(ns: &TestNs, etcd: &Etcd, n: usize, what: &str) {
+    wait_for(what, DEADLINE, || async {
+        (keys_left(ns, etcd).await == n).then_some(())
+    })
+    .await;
+}
+
+/// Lock `l` of `ns` for its pod `name` (made now), read through `client`.
+async fn etcd_lock(ns: &TestNs, client: kube::Client, name: &str) -> Lock {
+    let id = ns.pod(name).await;
+    Lock::builder(client, &ns.name, "l").identity(id).build().unwrap()
+}
+
+/// An etcd-backed semaphore `l` of two in `ns`, held by a, then b beside it.
+async fn a_and_b_hold_a_semaphore(ns: &TestNs, etcd: &Etcd) -> (leasehold::client::Guard, leasehold::client::Guard) {
+    ns.lock("l", etcd_spec(ns, &etcd.url(), 10, 2)).await;
+    let a = etcd_lock(ns, ns.client.clone(), "a")
+        .await
+        .acquire()
+        .await
+        .expect("a holds");
+    let b = etcd_lock(ns, ns.client.clone(), "b")
+        .await
+        .acquire()
+        .await
+        .expect("b holds beside a");
+    (a, b)
+}
+
 /// The (event, token, pod) lines of the log, ticks left out.
 fn sections(dir: &Path) -> Vec<(String, i64, String)> {
     log(dir)
@@ -559,28 +589,12 @@ async fn a_semaphore_on_etcd_lets_two_hold_and_wakes_the_waiter_when_either_rele
     let etcd = shared();
     etcd.ready().await;
     let ns = TestNs::new("etcdsem").await;
-    ns.lock("l", etcd_spec(&ns, &etcd.url(), 10, 2)).await;
-    let client = ns.client.clone();
-    let mut locks = Vec::new();
-    for name in ["a", "b", "c"] {
-        let id = ns.pod(name).await;
-        locks.push(
-            Lock::builder(client.clone(), &ns.name, "l")
-                .identity(id)
-                .build()
-                .unwrap(),
-        );
-    }
-    let lock_c = locks.pop().unwrap();
-    let a = locks[0].acquire().await.expect("a holds");
-    let b = locks[1].acquire().await.expect("b holds beside a");
+    let (a, b) = a_and_b_hold_a_semaphore(&ns, etcd).await;
     assert!(a.fencing_token() < b.fencing_token());
+    let lock_c = etcd_lock(&ns, ns.client.clone(), "c").await;
     let waiting = tokio::spawn(async move { lock_c.acquire().await.map(|g| (g.fencing_token(), lock_c)) });
     // c's key exists once it waits: the slot it waits for is b's or a's.
-    wait_for("c's claim key", DEADLINE, || async {
-        (keys_left(&ns, etcd).await == 3).then_some(())
-    })
-    .await;
+    keys_come_to(&ns, etcd, 3, "c's claim key").await;
     assert!(!waiting.is_finished(), "c may not hold while a and b do");
     // The holder that is *not* just ahead of c releases: c must still wake.
     a.release().await.unwrap();
@@ -601,38 +615,20 @@ async fn a_waiter_on_etcd_holds_beside_others_only_by_the_max_holders_stored_now
     let etcd = shared();
     etcd.ready().await;
     let ns = TestNs::new("etcdlower").await;
-    ns.lock("l", etcd_spec(&ns, &etcd.url(), 10, 2)).await;
-    let mut locks = Vec::new();
-    for name in ["a", "b", "c"] {
-        let id = ns.pod(name).await;
-        locks.push(
-            Lock::builder(ns.client.clone(), &ns.name, "l")
-                .identity(id)
-                .build()
-                .unwrap(),
-        );
-    }
-    let lock_c = locks.pop().unwrap();
-    let a = locks[0].acquire().await.expect("a holds");
-    let b = locks[1].acquire().await.expect("b holds beside a");
+    let (a, b) = a_and_b_hold_a_semaphore(&ns, etcd).await;
+    let lock_c = etcd_lock(&ns, ns.client.clone(), "c").await;
     let waiting = tokio::spawn(async move {
         let guard = lock_c.acquire().await;
         (guard.map(|g| g.fencing_token()), Instant::now(), lock_c)
     });
-    wait_for("c's claim key", DEADLINE, || async {
-        (keys_left(&ns, etcd).await == 3).then_some(())
-    })
-    .await;
+    keys_come_to(&ns, etcd, 3, "c's claim key").await;
     let lowered = serde_json::json!({"spec": {"maxHolders": 1}});
     ns.locks()
         .patch("l", &PatchParams::default(), &Patch::Merge(&lowered))
         .await
         .unwrap();
     a.release().await.unwrap();
-    wait_for("a's key gone", DEADLINE, || async {
-        (keys_left(&ns, etcd).await == 2).then_some(())
-    })
-    .await;
+    keys_come_to(&ns, etcd, 2, "a's key gone").await;
     let b_token = b.fencing_token();
     let b_released = Instant::now();
     b.release().await.unwrap();
@@ -653,29 +649,13 @@ async fn a_waiter_on_etcd_that_cannot_read_max_holders_does_not_hold_beside_othe
     let etcd = shared();
     etcd.ready().await;
     let ns = TestNs::new("etcdblind").await;
-    ns.lock("l", etcd_spec(&ns, &etcd.url(), 10, 2)).await;
-    let mut held = Vec::new();
-    for name in ["a", "b"] {
-        let id = ns.pod(name).await;
-        let lock = Lock::builder(ns.client.clone(), &ns.name, "l")
-            .identity(id)
-            .build()
-            .unwrap();
-        held.push(lock.acquire().await.expect("a and b hold"));
-    }
+    let (a, b) = a_and_b_hold_a_semaphore(&ns, etcd).await;
     let (proxy, blind) = proxied_client("etcdblind").await;
-    let lock_c = Lock::builder(blind, &ns.name, "l")
-        .identity(ns.pod("c").await)
-        .build()
-        .unwrap();
+    let lock_c = etcd_lock(&ns, blind, "c").await;
     let mut waiting = tokio::spawn(async move { lock_c.acquire().await.map(|g| g.fencing_token()) });
-    wait_for("c's claim key", DEADLINE, || async {
-        (keys_left(&ns, etcd).await == 3).then_some(())
-    })
-    .await;
+    keys_come_to(&ns, etcd, 3, "c's claim key").await;
     proxy.black_hole();
-    let b = held.pop().unwrap();
-    held.pop().unwrap().release().await.unwrap();
+    a.release().await.unwrap();
     // Longer than its read's timeout and the delay before it reads again
     // (`SPEC_READ_TIMEOUT` 2 s, `SPEC_REREAD_DELAY` 500 ms): it must not have gone by the
     // value it read before.

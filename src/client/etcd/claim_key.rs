@@ -286,12 +286,7 @@ impl KeyClaim {
             if try_only {
                 return Ok(Waited::WouldBlock);
             }
-            let deadline = async {
-                match until {
-                    Some(t) => tokio::time::sleep_until(t).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let deadline = deadline_at(until);
             let woke = match wake_on(count, self.max_holders) {
                 WakeOn::Tracking => {
                     let ahead = got.kvs().iter().map(|kv| kv.key().to_vec()).collect();
@@ -440,12 +435,7 @@ impl KeyClaim {
                 }
             }
         };
-        let deadline = async {
-            match until {
-                Some(t) => tokio::time::sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
+        let deadline = deadline_at(until);
         tokio::pin!(deadline);
         let read = tokio::select! {
             read = read => read,
@@ -503,6 +493,14 @@ impl KeyClaim {
                 }
             }
         });
+    }
+}
+
+/// Completes at `until` (never, with `None`).
+async fn deadline_at(until: Option<Instant>) {
+    match until {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 
