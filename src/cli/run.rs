@@ -168,15 +168,14 @@ async fn serve_ready(port: u16) -> anyhow::Result<Ready> {
 /// The lock handle `args` name, and its namespace.
 async fn handle(args: &RunArgs) -> anyhow::Result<(Lock, String)> {
     let config = args.cluster.config().await?;
-    // Reads and watches over HTTP/2 with PINGs: a stalled watch is found at no request.
-    let client = crate::kubeconfig::watch_client_from(config.clone())?;
+    // Reads and watches over HTTP/2 with PINGs: a stalled watch is found at no request;
+    // a second pool for the claim's writes keeps the release off a cold connection.
+    let (client, writes) = crate::kubeconfig::lock_clients_from(config)?;
     let namespace = args
         .namespace
         .clone()
         .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
         .unwrap_or_else(|| client.default_namespace().to_string());
-    // A second pool for the claim's writes keeps the release off a cold connection.
-    let writes = crate::kubeconfig::client_from(config)?;
     let (name, ns) = (args.lock.clone(), namespace.clone());
     let lock = Lock::builder(client, &namespace, &args.lock)
         .write_client(writes)

@@ -63,9 +63,9 @@ impl LockBuilder {
     /// connection for as long as it runs, so with one pool the release may have to open
     /// (and TLS-handshake) a new connection on the handoff path; a second pool keeps a
     /// warm one for writes (a claim's own watches while designated go on the lock's
-    /// client, with the lock's watch). Build it from the same configuration as the
-    /// first, with [`crate::kubeconfig::client_from`] (connections without Nagle's
-    /// delay).
+    /// client, with the lock's watch). Build both with
+    /// [`crate::kubeconfig::lock_clients_from`] (connections without Nagle's delay, the
+    /// second resuming the first one's TLS session).
     pub fn write_client(mut self, client: Client) -> Self {
         self.writes = Some(client);
         self
