@@ -80,7 +80,11 @@ pub fn watch_client_from(config: kube::Config) -> Result<Client, kube::Error> {
 pub fn lock_clients_from(config: kube::Config) -> Result<(Client, Client), kube::Error> {
     // A clone shares the original's session store: what one connection learns, the
     // other resumes.
-    let tls = if kube_builds(&config) { None } else { Some(tls_config(&config)?) };
+    let tls = if kube_builds(&config) {
+        None
+    } else {
+        Some(tls_config(&config)?)
+    };
     let writes = build(config.clone(), tls.clone(), Transport::Http1)?;
     let reads = build(config, tls, Transport::Http2Pinged)?;
     Ok((reads, writes))

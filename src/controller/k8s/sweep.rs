@@ -21,7 +21,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 
 use crate::controller::cache::written::Written;
-use crate::protocol::claim::{claim_lock, has_release_mark};
+use crate::protocol::claim::{claim_lock, has_release_mark, keep_what_is_read};
 use crate::protocol::timing::Moment;
 use crate::protocol::{LOCK_LABEL, RELEASED_LABEL};
 
@@ -110,8 +110,12 @@ impl<T: Moment> Tombstones<T> {
             return; // expired by this controller: its own deletion's event changes nothing
         }
         list.retain(|b| b.lease.name_any() != lease.name_any());
+        // Bounded as the claim cache's claims are: a claim read afresh before its
+        // expiry is as a neighbour wrote it, padding included, and is kept a while.
+        let mut kept = lease.clone();
+        keep_what_is_read(&mut kept);
         list.push(Buried {
-            lease: Arc::new(lease.clone()),
+            lease: Arc::new(kept),
             at: now,
             expired,
         });
@@ -293,6 +297,25 @@ mod tests {
         );
         t.settle("ns", "l", |_| false, |_| false);
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_buried_claim_keeps_only_what_the_controller_reads() {
+        let t = Tombstones::default();
+        let now = Instant::now();
+        let mut padded = claim("a", true);
+        let pad = "x".repeat(200 * 1024);
+        padded.annotations_mut().insert("example.com/pad".into(), pad.clone());
+        padded.labels_mut().insert("example.com/pad".into(), "x".into());
+        padded.metadata.finalizers = Some(vec![pad]);
+        t.bury_expired(&padded, now);
+        let list = t.of_lock("ns", "l", now);
+        let kept = serde_json::to_vec(&*list[0].0).unwrap();
+        assert!(kept.len() < 1024, "a buried claim of {} bytes kept", kept.len());
+        assert!(
+            list[0].0.annotations().contains_key(RELEASED_ANNOTATION),
+            "what the controller reads is kept"
+        );
     }
 
     #[test]
