@@ -334,6 +334,11 @@ pub enum RefuseReason {
     /// so someone else removed it before the lock recorded the claim (the client then
     /// withdraws the claim and claims anew).
     LeaseMissing,
+    /// The claim no longer names its pod as its process wrote it (its holder, its
+    /// `leasehold.dev/pod-uid`, the Pod owner reference that matches both) or carries a
+    /// malformed hash: changed by someone who may patch Leases before the lock recorded
+    /// it (the client then withdraws the claim and claims anew).
+    InvalidClaim,
 }
 
 impl RefuseReason {
@@ -345,6 +350,7 @@ impl RefuseReason {
             Self::PodFinished => "PodFinished",
             Self::QueueFull => "QueueFull",
             Self::LeaseMissing => "LeaseMissing",
+            Self::InvalidClaim => "InvalidClaim",
         }
     }
 
@@ -357,6 +363,9 @@ impl RefuseReason {
             Self::QueueFull => "the lock's queue is full (spec.maxQueue claims wait): try again later",
             Self::LeaseMissing => {
                 "the claim states no positive spec.leaseDurationSeconds (removed by someone who may patch Leases)"
+            }
+            Self::InvalidClaim => {
+                "the claim does not name its pod as a client writes it (changed by someone who may patch Leases)"
             }
         }
     }

@@ -140,6 +140,46 @@ async fn a_claim_whose_pod_uid_was_changed_before_it_was_queued_is_made_anew_not
     g.release().await.unwrap();
 }
 
+/// A claim changed after its client's read-back (the lock existed, no controller ran for
+/// five seconds) and before any controller recorded it: the controller, once up, used
+/// to ignore it (an InvalidClaim event) and list it nowhere, and its client, its one
+/// read-back done, waited on it for ever. Now it is refused (`InvalidClaim`) and its
+/// client claims anew.
+#[tokio::test]
+async fn a_claim_changed_after_its_read_back_and_before_it_was_queued_is_refused_and_made_anew() {
+    use leasehold::client::WaitEvent;
+
+    let ns = TestNs::new("nb-late").await;
+    let neighbour = ns.as_lock_user().await;
+    ns.lock("l", spec(15)).await;
+    let (told, mut unqueued) = tokio::sync::mpsc::unbounded_channel();
+    let lock_b = Lock::builder(ns.client.clone(), &ns.name, "l")
+        .identity(ns.pod("b").await)
+        .on_wait_event(move |e| {
+            if matches!(e, WaitEvent::Unqueued { .. }) {
+                let _ = told.send(());
+            }
+        })
+        .build()
+        .unwrap();
+    let waiting = tokio::spawn(async move { lock_b.acquire().await });
+    // No controller yet: b reads its claim back once it has waited unplaced (and tells so).
+    tokio::time::timeout(DEADLINE, unqueued.recv())
+        .await
+        .expect("b tells it is unplaced");
+    let cb = claim_names(&ns).await.pop().expect("b's claim");
+    let other_uid = serde_json::json!({"metadata": {"annotations": {"leasehold.dev/pod-uid": "not-b"}}});
+    neighbour_patch(&neighbour, &ns, &cb, other_uid).await;
+    let _c = spawn_controller(&ns, "nb-late");
+    let g = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("b is granted under a new claim, not left waiting on one the controller ignores")
+        .unwrap()
+        .unwrap();
+    assert_ne!(g.claim(), cb);
+    g.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_holders_claim_stripped_of_its_lock_label_is_deleted_before_its_slot_passes() {
     let ns = TestNs::new("nb-label").await;

@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use super::sweep::Tombstone;
 use crate::api::{DistributedLock, DistributedLockStatus};
 use crate::controller::cache::tracker::Tracker;
-use crate::decide::{ClaimView, Decision, PodView, World, decide};
+use crate::decide::{ClaimView, Decision, IgnoreReason, PodView, World, decide};
 use crate::protocol::claim;
 use crate::protocol::record::{self, Recorded, Tampered, Written};
 use crate::protocol::release::{self, Mark};
@@ -114,7 +114,9 @@ pub fn plan<T: Moment>(lock: &DistributedLock, caches: &impl Caches<T>, tracker:
     }
     decision.delete_claims.retain(|c| !seen.gone.contains(c)); // deleted already
     let deleting = |c: &str| decision.delete_claims.iter().any(|d| d == c) || caches.deleting(ns, c);
-    decision.status.refused = crate::decide::refusals(&decision.ignored, deleting);
+    let invalid = judged.invalid.drain(..).map(|c| (c, IgnoreReason::InvalidClaim));
+    let refused: Vec<_> = decision.ignored.iter().cloned().chain(invalid).collect();
+    decision.status.refused = crate::decide::refusals(&refused, deleting);
     let strays = after_decision(
         &decision,
         &seen,
@@ -187,6 +189,32 @@ struct Judged<T> {
     expire_unnamed: Vec<Arc<Lease>>,
     /// Released claims, with when the release was seen.
     released_seen: Vec<(String, T)>,
+    /// Invalid claims the status does not name (refused for their clients: a claim its
+    /// process wrote is valid, so someone else changed it before it was recorded).
+    invalid: Vec<String>,
+}
+
+impl<T> Judged<T> {
+    /// `claim` is not valid: an event; refused for its client where the status does not
+    /// record it (`records`).
+    fn invalid_claim(&mut self, claim: &Arc<Lease>, bad: &claim::BadClaim, records: &HashMap<&str, Recorded>) {
+        self.warnings
+            .push((claim.clone(), "InvalidClaim", bad.message().to_string()));
+        let name = claim.name_any();
+        if !records.contains_key(name.as_str()) {
+            self.invalid.push(name);
+        }
+    }
+
+    /// `claim`'s `field` was changed after the lock recorded it: an event.
+    fn tampered(&mut self, claim: &Arc<Lease>, field: Tampered) {
+        let note = format!(
+            "the claim's {} was changed after the lock recorded it (by someone other than its \
+             process, who may patch Leases here): the record stands, the change is ignored",
+            field.field()
+        );
+        self.warnings.push((claim.clone(), "ClaimTampered", note));
+    }
 }
 
 impl<T> Default for Judged<T> {
@@ -198,6 +226,7 @@ impl<T> Default for Judged<T> {
             expired: Vec::new(),
             expire_unnamed: Vec::new(),
             released_seen: Vec::new(),
+            invalid: Vec::new(),
         }
     }
 }
@@ -217,8 +246,7 @@ fn judge_claims<T: Moment>(
         let (pod, uid) = match claim::validate_claim(lease_obj) {
             Ok(ok) => ok,
             Err(bad) => {
-                j.warnings
-                    .push((lease_obj.clone(), "InvalidClaim", bad.message().to_string()));
+                j.invalid_claim(lease_obj, &bad, records);
                 continue;
             }
         };
@@ -228,12 +256,7 @@ fn judge_claims<T: Moment>(
         let name_of = lease_obj.name_any();
         let record = records.get(name_of.as_str());
         if let Some(field) = changed_since_recorded(lease_obj, (&pod, &uid), record) {
-            let note = format!(
-                "the claim's {} was changed after the lock recorded it (by someone other than its \
-                 process, who may patch Leases here): the record stands, the change is ignored",
-                field.field()
-            );
-            j.warnings.push((lease_obj.clone(), "ClaimTampered", note));
+            j.tampered(lease_obj, field);
         }
         // Judged by the lease recorded for it, whatever its claim says now (a neighbour
         // may patch the claim): a holder by its lease, a waiter by its wait lease.
@@ -635,6 +658,35 @@ mod tests {
         let expires = *judged.deadlines.first().expect("its expiry is a deadline");
         let by_record = timing::controller_expiry(t0, Duration::from_secs(5), Duration::from_secs(10));
         assert_eq!(expires, by_record, "judged by its recorded 10 s, not the raised hour");
+    }
+
+    /// A claim not recorded that names no pod as its process wrote it is refused for its
+    /// client (who claims anew); one the status records stands by its record.
+    #[test]
+    fn an_invalid_claim_is_refused_only_where_the_status_does_not_record_it() {
+        let strip = |name: &str| {
+            let mut l = (*lease(name)).clone();
+            l.annotations_mut().remove(crate::protocol::POD_UID_ANNOTATION);
+            Arc::new(l)
+        };
+        let seen = in_view(vec![strip("a"), strip("b"), lease("c")], Vec::new());
+        let status: DistributedLockStatus = serde_json::from_value(serde_json::json!({"holders": [{
+            "claim": "b", "pod": "pod-b", "podUID": "uid-b", "fencingToken": 1,
+            "grantedAt": "2026-01-01T00:00:00Z", "leaseDurationSeconds": 10}]}))
+        .unwrap();
+        let (mut tracker, t0) = (Tracker::default(), Instant::now());
+        let none = |_: &str, _: Option<&str>| None;
+        let judged = judge_claims(
+            &seen,
+            (&status, &record::records(&status)),
+            Duration::from_secs(10),
+            none,
+            &mut tracker,
+            t0,
+        );
+        assert_eq!(judged.invalid, ["a"], "b is recorded: its record stands");
+        let warned: Vec<_> = judged.warnings.iter().map(|(l, r, _)| (l.name_any(), *r)).collect();
+        assert_eq!(warned, [("a".into(), "InvalidClaim"), ("b".into(), "InvalidClaim")]);
     }
 
     #[test]

@@ -11,6 +11,7 @@ REFUSE_MESSAGES = {
     "PodFinished": "the claim's pod has already finished",
     "QueueFull": "the lock's queue is full (spec.maxQueue claims wait): try again later",
     "LeaseMissing": "the claim states no positive spec.leaseDurationSeconds (removed by someone who may patch Leases)",
+    "InvalidClaim": "the claim does not name its pod as a client writes it (changed by someone who may patch Leases)",
 }
 
 
