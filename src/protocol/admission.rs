@@ -5,8 +5,9 @@
 //!
 //! - **A claim's identity is fixed at creation.** Its lock label, pod
 //!   (`spec.holderIdentity`), pod UID, release hash, wait hash, wait lease and
-//!   requested-at time never change; its `spec.leaseDurationSeconds` never decreases;
-//!   a release mark, once set, stays as it is. A Lease becomes a claim only when it is
+//!   requested-at time and its `spec.leaseDurationSeconds` never change (lowered, its
+//!   process would be judged by less than it acts on; raised, a revoked holder's slot
+//!   held back that long); a release mark, once set, stays as it is. A Lease becomes a claim only when it is
 //!   created as one (adding the lock label to another application's Lease would have
 //!   the controller's sweeper delete it once marked released).
 //! - **A claim is well-formed when created**: the checks the controller would otherwise
@@ -106,8 +107,8 @@ pub enum Refusal {
     BecomesClaim,
     /// A field fixed at creation changed.
     Changed(String),
-    /// The claim's lease was lowered (or removed).
-    LeaseLowered {
+    /// The claim's lease was changed (or removed).
+    LeaseChanged {
         /// The lease before.
         from: i32,
         /// The lease asked for (`None`: removed).
@@ -139,10 +140,10 @@ impl fmt::Display for Refusal {
                 "leasehold: a Lease becomes a claim only when created as one: {LOCK_LABEL} cannot be added"
             ),
             Refusal::Changed(field) => write!(f, "leasehold: a claim's {field} is fixed at creation"),
-            Refusal::LeaseLowered { from, to } => match to {
+            Refusal::LeaseChanged { from, to } => match to {
                 Some(to) => write!(
                     f,
-                    "leasehold: a claim's spec.leaseDurationSeconds may not decrease ({from} to {to})"
+                    "leasehold: a claim's spec.leaseDurationSeconds is fixed at creation ({from} to {to})"
                 ),
                 None => write!(f, "leasehold: a claim's spec.leaseDurationSeconds may not be removed"),
             },
@@ -272,7 +273,7 @@ fn unchanged(user: &str, old: &Lease, new: &Lease) -> Result<(), Refusal> {
     }
     let lease = |l: &Lease| l.spec.as_ref().and_then(|s| s.lease_duration_seconds);
     match (lease(old), lease(new)) {
-        (Some(from), to) if to.is_none_or(|to| to < from) => Err(Refusal::LeaseLowered { from, to }),
+        (Some(from), to) if to != Some(from) => Err(Refusal::LeaseChanged { from, to }),
         _ => Ok(()),
     }
 }
@@ -336,10 +337,6 @@ mod tests {
             "a release retried"
         );
         assert_eq!(judge(&policy, Operation::Delete, CLIENT, Some(&released), None), Ok(()));
-        assert_eq!(
-            update(CLIENT, &c, serde_json::json!({"spec": {"leaseDurationSeconds": 60}})),
-            Ok(())
-        );
     }
 
     #[test]
@@ -371,12 +368,20 @@ mod tests {
             let lower = serde_json::json!({"spec": {"leaseDurationSeconds": 1}});
             assert_eq!(
                 update(user, &c, lower),
-                Err(Refusal::LeaseLowered { from: 15, to: Some(1) })
+                Err(Refusal::LeaseChanged { from: 15, to: Some(1) })
+            );
+            let raise = serde_json::json!({"spec": {"leaseDurationSeconds": 3600}});
+            assert_eq!(
+                update(user, &c, raise),
+                Err(Refusal::LeaseChanged {
+                    from: 15,
+                    to: Some(3600)
+                })
             );
             let remove = serde_json::json!({"spec": {"leaseDurationSeconds": null}});
             assert_eq!(
                 update(user, &c, remove),
-                Err(Refusal::LeaseLowered { from: 15, to: None })
+                Err(Refusal::LeaseChanged { from: 15, to: None })
             );
         }
     }
@@ -492,7 +497,7 @@ mod tests {
 
     proptest! {
         /// Any merge patch of the fields a neighbour can reach is let through exactly when
-        /// it leaves a claim's identity as created and its lease not lower.
+        /// it leaves a claim's identity and its lease as created.
         #[test]
         fn a_patched_claim_passes_only_if_what_is_fixed_is_kept(
             annotation in proptest::option::of((0..FIXED_ANNOTATIONS.len(), proptest::option::of("[a-z]{1,3}"))),
@@ -509,7 +514,7 @@ mod tests {
                 patch["metadata"]["annotations"] = serde_json::json!({key: value});
             }
             if let Some(l) = lease {
-                keeps &= l.is_some_and(|l| l >= 15);
+                keeps &= l == Some(15);
                 patch["spec"]["leaseDurationSeconds"] = serde_json::json!(l);
             }
             if let Some(h) = &holder {

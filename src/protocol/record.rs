@@ -178,8 +178,9 @@ fn of_waiter<'s>(status: &'s DistributedLockStatus, w: &'s crate::api::Waiter) -
 }
 
 impl Recorded<'_> {
-    /// The first field recorded otherwise than `wrote` says, the lease judged as the
-    /// owner does ([`check`]): shorter, or absent from a holder's record.
+    /// The first field recorded otherwise than `wrote` says, the lease included: shorter
+    /// (judged by less than its process acts on), longer (a slot held back that long once
+    /// its holder is revoked: an hour for a neighbour's raise) or absent.
     pub fn differs(&self, wrote: &Written<'_>) -> Option<Tampered> {
         if self.pod != wrote.pod {
             return Some(Tampered::Pod);
@@ -196,12 +197,13 @@ impl Recorded<'_> {
         if !self.granted && self.wait_hash != wrote.wait_hash {
             return Some(Tampered::WaitHash);
         }
-        // Every record carries a lease, at least the owner's: the controller judges the
-        // claim by it, and one recorded without would be judged by the lock's (maybe
-        // shorter) lease while its process acts by its own, a direct grant included.
+        // Every record carries the owner's lease: the controller judges the claim by it.
+        // One recorded without would be judged by the lock's (maybe shorter) lease while
+        // its process acts by its own, a direct grant included; a longer one (its claim
+        // raised before the record) would hold a revoked holder's slot back that long.
         let accepts_none = !self.granted && crate::mutant::on(crate::mutant::Mutant::QueuedWithoutLease);
         match self.lease_seconds {
-            Some(l) if l >= wrote.lease_seconds => None,
+            Some(l) if l == wrote.lease_seconds => None,
             None if accepts_none => None,
             _ => Some(Tampered::Lease),
         }
@@ -232,7 +234,7 @@ pub fn claim_differs(stored: &Lease, wrote: &Written<'_>, lock: &str) -> Option<
         Some(Tampered::Owner)
     } else if crate::protocol::claim::claim_wait_hash(stored) != wrote.wait_hash {
         Some(Tampered::WaitHash)
-    } else if stored.spec.as_ref().and_then(|s| s.lease_duration_seconds) < Some(wrote.lease_seconds) {
+    } else if stored.spec.as_ref().and_then(|s| s.lease_duration_seconds) != Some(wrote.lease_seconds) {
         Some(Tampered::Lease)
     } else {
         None
@@ -275,7 +277,7 @@ mod tests {
         assert_eq!(claim_differs(&made, &wrote, "l"), None);
         assert_eq!(claim_differs(&made, &wrote, "m"), Some(Tampered::Lock));
         type Edit = fn(&mut Lease);
-        let edits: [(Edit, Tampered); 8] = [
+        let edits: [(Edit, Tampered); 9] = [
             (
                 |l| drop(l.labels_mut().remove(crate::protocol::LOCK_LABEL)),
                 Tampered::Lock,
@@ -308,6 +310,10 @@ mod tests {
             ),
             (
                 |l| l.spec.as_mut().unwrap().lease_duration_seconds = Some(1),
+                Tampered::Lease,
+            ),
+            (
+                |l| l.spec.as_mut().unwrap().lease_duration_seconds = Some(3600),
                 Tampered::Lease,
             ),
         ];
@@ -387,10 +393,6 @@ mod tests {
     #[test]
     fn a_record_of_what_the_owner_wrote_passes() {
         assert_eq!(check(&granted(|_| {}), "c", &WROTE), Ok(()));
-        assert_eq!(
-            check(&granted(|h| h.lease_duration_seconds = Some(90)), "c", &WROTE),
-            Ok(())
-        );
         assert_eq!(check(&waiting(Some(60)), "c", &WROTE), Ok(()));
         assert_eq!(
             check(&DistributedLockStatus::default(), "c", &WROTE),
@@ -402,18 +404,21 @@ mod tests {
     #[test]
     fn each_field_changed_before_the_record_is_named() {
         type Edit = fn(&mut Holder);
-        let cases: [(Edit, Tampered); 6] = [
+        let cases: [(Edit, Tampered); 7] = [
             (|h| h.pod = "neighbour".into(), Tampered::Pod),
             (|h| h.pod_uid = "u-2".into(), Tampered::PodUid),
             (|h| h.release_hash = None, Tampered::ReleaseHash),
             (|h| h.release_hash = Some("other".into()), Tampered::ReleaseHash),
             (|h| h.lease_duration_seconds = Some(1), Tampered::Lease),
             (|h| h.lease_duration_seconds = None, Tampered::Lease),
+            // Raised before the record: its slot would be held back an hour once revoked.
+            (|h| h.lease_duration_seconds = Some(3600), Tampered::Lease),
         ];
         for (edit, field) in cases {
             assert_eq!(check(&granted(edit), "c", &WROTE), Err(field));
         }
         assert_eq!(check(&waiting(Some(1)), "c", &WROTE), Err(Tampered::Lease));
+        assert_eq!(check(&waiting(Some(3600)), "c", &WROTE), Err(Tampered::Lease));
         // Issue #41: a waiter recorded without a lease (its claim's removed before the
         // lock recorded it) was accepted as an older controller's record, then granted
         // directly and judged by the lock's 1 s lease while it acted on its own.

@@ -186,7 +186,9 @@ async fn the_webhook_refuses_each_neighbour_tampering_by_its_reason_and_the_lock
     let ca = held.claim().to_string();
 
     let lower = serde_json::json!({"spec": {"leaseDurationSeconds": 1}});
-    refused(&neighbour, &ns, &cb, lower, "may not decrease").await;
+    refused(&neighbour, &ns, &cb, lower, "is fixed at creation (15 to 1)").await;
+    let raise = serde_json::json!({"spec": {"leaseDurationSeconds": 3600}});
+    refused(&neighbour, &ns, &cb, raise, "is fixed at creation (15 to 3600)").await;
     let strip = serde_json::json!({"metadata": {"annotations": {RELEASE_HASH_ANNOTATION: null}}});
     refused(&neighbour, &ns, &cb, strip, RELEASE_HASH_ANNOTATION).await;
     let repoint = serde_json::json!({"spec": {"holderIdentity": "n"}, "metadata": {"annotations": {"leasehold.dev/pod-uid": "n"}}});

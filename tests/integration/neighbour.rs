@@ -180,6 +180,33 @@ async fn a_claim_changed_after_its_read_back_and_before_it_was_queued_is_refused
     g.release().await.unwrap();
 }
 
+/// A claim's lease raised to an hour before its lock recorded it: the record carried the
+/// hour, its client accepted a lease longer than its own, and a slot it held was held
+/// back an hour once revoked. Now its client claims anew, recorded with its own lease.
+#[tokio::test]
+async fn a_claim_whose_lease_was_raised_before_it_was_queued_is_made_anew_with_its_own() {
+    let ns = TestNs::new("nb-raise").await;
+    let neighbour = ns.as_lock_user().await;
+    let _c = spawn_controller(&ns, "nb-raise");
+    let (waiting, cb) = b_claims_a_lock_not_made_yet(&ns).await;
+    let raise = serde_json::json!({"spec": {"leaseDurationSeconds": 3600}});
+    neighbour_patch(&neighbour, &ns, &cb, raise).await;
+    ns.lock("l", spec(15)).await;
+    let g = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("b is granted")
+        .unwrap()
+        .unwrap();
+    let l = ns.locks().get("l").await.unwrap();
+    let held = &l.status.as_ref().unwrap().holders[0];
+    assert_eq!(
+        (g.claim() != cb, held.lease_duration_seconds),
+        (true, Some(15)),
+        "b holds under a new claim, recorded with its own lease, not the neighbour's hour: {held:?}"
+    );
+    g.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_holders_claim_stripped_of_its_lock_label_is_deleted_before_its_slot_passes() {
     let ns = TestNs::new("nb-label").await;

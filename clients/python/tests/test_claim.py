@@ -27,6 +27,7 @@ def test_a_claim_names_its_lock_pod_lease_and_hashes():
         ("Owner", lambda l: l["metadata"].update(ownerReferences=[])),
         ("WaitHash", lambda l: l["metadata"]["annotations"].update({p.WAIT_HASH_ANNOTATION: "0" * 64})),
         ("Lease", lambda l: l["spec"].update(leaseDurationSeconds=5)),
+        ("Lease", lambda l: l["spec"].update(leaseDurationSeconds=3600)),
     ]:
         tampered = p.claim_lease("l-0123456789ab", "l", POD, 15, secret)
         change(tampered)

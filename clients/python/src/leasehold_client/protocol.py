@@ -338,7 +338,9 @@ def check_record(status: Status, claim: str, wrote: Written) -> Optional[str]:
         return "ReleaseHash"
     if not granted and wait_hash != wrote.wait_hash:
         return "WaitHash"
-    if lease is None or lease < wrote.lease_seconds:
+    # The owner's lease exactly: shorter, its process judged by less than it acts on;
+    # longer (raised before the record), a revoked holder's slot held back that long.
+    if lease != wrote.lease_seconds:
         return "Lease"
     return None
 
@@ -366,8 +368,7 @@ def claim_differs(stored: Mapping[str, Any], wrote: Written, lock: str) -> Optio
         return "Owner"
     if ann.get(WAIT_HASH_ANNOTATION) != wrote.wait_hash:
         return "WaitHash"
-    lease = spec.get("leaseDurationSeconds")
-    if lease is None or lease < wrote.lease_seconds:
+    if spec.get("leaseDurationSeconds") != wrote.lease_seconds:
         return "Lease"
     return None
 
