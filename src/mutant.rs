@@ -66,12 +66,16 @@ pub(crate) enum Mutant {
     /// while other holders keep their slots, by the `maxHolders` its cache shows (the
     /// user may have lowered it since).
     DirectGrantBesideHolders,
+    /// A client accepts a record of a lease longer than the one it wrote (its claim's
+    /// lease raised before the lock recorded it): once its process dies, the lock holds
+    /// its slot back that long, an hour for a neighbour's raise.
+    RecordLongerLease,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
 impl Mutant {
     /// Every mutant, in the order they were added.
-    pub(crate) const ALL: [Mutant; 21] = [
+    pub(crate) const ALL: [Mutant; 22] = [
         Mutant::PodGoneAsStopped,
         Mutant::ForgedAsReleased,
         Mutant::DeletedClaimFreesAtOnce,
@@ -93,6 +97,7 @@ impl Mutant {
         Mutant::EtcdClientLeaseRevokedFirst,
         Mutant::HandoverByAnyMark,
         Mutant::DirectGrantBesideHolders,
+        Mutant::RecordLongerLease,
     ];
 
     /// Whether the decide core's world model (`decide::explore`) can show it; the
@@ -115,6 +120,7 @@ impl Mutant {
                 | Mutant::EtcdClientLeaseRevokedFirst
                 | Mutant::HandoverByAnyMark
                 | Mutant::DirectGrantBesideHolders
+                | Mutant::RecordLongerLease
         )
     }
 }

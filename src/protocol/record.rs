@@ -202,8 +202,10 @@ impl Recorded<'_> {
         // its process acts by its own, a direct grant included; a longer one (its claim
         // raised before the record) would hold a revoked holder's slot back that long.
         let accepts_none = !self.granted && crate::mutant::on(crate::mutant::Mutant::QueuedWithoutLease);
+        let accepts_longer = crate::mutant::on(crate::mutant::Mutant::RecordLongerLease);
         match self.lease_seconds {
             Some(l) if l == wrote.lease_seconds => None,
+            Some(l) if accepts_longer && l > wrote.lease_seconds => None,
             None if accepts_none => None,
             _ => Some(Tampered::Lease),
         }

@@ -357,6 +357,17 @@ impl System {
             return;
         };
         let ok = record::check(status, claim, &wrote(i, lease).written()).is_ok();
+        if ok {
+            // The lock judges the process by its record: one longer than the lease the
+            // process lives by holds its slot back that long once it dies.
+            let recorded = record::recorded(status, claim).and_then(|r| r.lease_seconds);
+            assert_eq!(
+                recorded,
+                Some(lease),
+                "client {i} takes a grant recorded with a lease of {recorded:?} s against its own {lease} s: \
+                 once its process dies, its slot is held back that long"
+            );
+        }
         // Told of one grant twice (directly, then by the status): it may act on the first
         // that checked out.
         let new = !c.told.contains_key(&token);

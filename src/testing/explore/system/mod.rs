@@ -100,6 +100,8 @@ pub(super) struct Menu {
     /// The user changes the lock's `maxHolders` (to any value from 1 to the
     /// configuration's).
     pub resize: bool,
+    /// The neighbour raises a claim's lease to an hour.
+    pub raises: bool,
 }
 
 /// One configuration: the actors and the bound.
@@ -140,6 +142,10 @@ fn secret_hash() -> &'static str {
     static HASH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| secret().hash());
     &HASH
 }
+
+/// The longest lease a claim may state (an hour): the neighbour's own claim's, and
+/// what it raises a claim's lease to.
+const HOUR: i32 = crate::protocol::timing::MAX_LEASE_SECONDS;
 
 /// A claim Lease as the API server stores it.
 #[derive(Clone, Debug)]
@@ -234,6 +240,8 @@ pub(super) enum Step {
     PatchLease(usize),
     /// The neighbour removes client i's claim's lease.
     StripLease(usize),
+    /// The neighbour raises client i's claim's lease to an hour.
+    RaiseLease(usize),
     /// The neighbour stamps a fencing token (1) on client i's claim.
     Stamp(usize),
     /// The neighbour makes a claim of its own pod, stamped, with a lease of an hour.
@@ -394,6 +402,9 @@ impl Machine for System {
             if let Some(claim) = claim.filter(|_| menu.strips) {
                 out.extend((claim.lease > 0).then_some(Step::StripLease(i)));
             }
+            if let Some(claim) = claim.filter(|_| menu.raises) {
+                out.extend((0 < claim.lease && claim.lease < HOUR).then_some(Step::RaiseLease(i)));
+            }
             if let Some(claim) = claim.filter(|_| menu.stamps) {
                 out.extend((!claim.stamped).then_some(Step::Stamp(i)));
             }
@@ -464,6 +475,10 @@ impl Machine for System {
                 self.patch_claim(i, |c| {
                     (c.lease, c.wait, c.patched_early) = (1, 1, c.patched_early || early)
                 });
+            }
+            Step::RaiseLease(i) => {
+                let early = !self.recorded(i);
+                self.patch_claim(i, |c| (c.lease, c.patched_early) = (HOUR, c.patched_early || early));
             }
             Step::StripLease(i) => {
                 let early = !self.recorded(i);
@@ -550,7 +565,7 @@ impl System {
         let obj = ClaimObj {
             rv,
             client: self.clients.len(),
-            lease: crate::protocol::timing::MAX_LEASE_SECONDS,
+            lease: HOUR,
             wait: crate::protocol::timing::MAX_LEASE_SECONDS,
             mark: Mark::None,
             hash: false,

@@ -32,6 +32,7 @@ fn menu(letters: &str) -> Menu {
         leaders: letters.contains('c'),
         kills: letters.contains('k'),
         resize: letters.contains('m'),
+        raises: letters.contains('h'),
     }
 }
 
@@ -95,7 +96,7 @@ fn ci() -> Vec<Run> {
         (2, 1, "l", 9, 7),
         (2, 1, "ck", 7, 5),
         (3, 2, "np", 6, 4),
-        (2, 1, "rsu", 7, 3),
+        (2, 1, "rsuh", 7, 3),
         (3, 2, "mw", 8, 4),
     ];
     let to_run = |(clients, max, letters, depth, settle)| Run {
@@ -131,7 +132,7 @@ type Bug = (Mutant, (usize, i32), &'static str, (i32, i32), usize);
 /// can, the lock's and the clients' leases, and a depth past its shortest trace. (A
 /// lock lease of 1 s under the clients' 12 s is the lowered lease of issue #41's first
 /// finding, and puts the controller's expiry before the holder's first renewal.)
-const MUTANTS: [Bug; 17] = [
+const MUTANTS: [Bug; 18] = [
     (Mutant::PodGoneAsStopped, (2, 1), "p", (4, 8), 8),
     (Mutant::ForgedAsReleased, (2, 1), "n", (4, 8), 8),
     (Mutant::DeletedClaimFreesAtOnce, (2, 1), "d", (4, 8), 8),
@@ -149,6 +150,7 @@ const MUTANTS: [Bug; 17] = [
     (Mutant::DirectGrantBeforeStored, (2, 1), "", (4, 8), 3),
     (Mutant::HandoverByAnyMark, (2, 1), "n", (4, 8), 9),
     (Mutant::DirectGrantBesideHolders, (3, 2), "mw", (4, 8), 8),
+    (Mutant::RecordLongerLease, (1, 1), "h", (4, 8), 4),
 ];
 
 /// The mutants to look for: [`MUTANTS`], or the one `LEASEHOLD_MUTANT` names within
