@@ -171,7 +171,9 @@ pub async fn retire(ctx: &Context, lock: &DistributedLock) -> Result<Requeue, Er
         Ok(None) => return Ok(Requeue::await_change()),
         Err(e) => return Err(Error::Read(name, e)),
     };
-    if !has_finalizer(&fresh) {
+    // Only the lock judged here, still deleted: another under its name (made again
+    // meanwhile) keeps its finalizer, whatever a stale view of this one showed.
+    if !has_finalizer(&fresh) || fresh.uid() != lock.uid() || fresh.metadata.deletion_timestamp.is_none() {
         return Ok(Requeue::await_change());
     }
     if fresh.spec.etcd().is_none() && fresh.status.as_ref().is_some_and(crate::decide::occupied) {

@@ -20,7 +20,7 @@ pub enum Step {
     Unchanged,
     /// Someone wrote first: decide again from the lock as it is now (re-read).
     Again,
-    /// The lock is gone: stop.
+    /// The lock is gone, or another lock has its name now: stop.
     Stop,
 }
 
@@ -46,7 +46,14 @@ pub async fn write_status(
             Ok(Step::Written)
         }
         Err(kube::Error::Api(s)) if s.is_conflict() => {
-            *current = api.get(&name).await.map_err(|e| Error::Reread(name.clone(), e))?;
+            let fresh = api.get(&name).await.map_err(|e| Error::Reread(name.clone(), e))?;
+            if fresh.uid() != current.uid() {
+                // Another lock under the name (deleted and made again): its own turn,
+                // from its finalizer on, decides on it; this one's is over.
+                ctx.written.forget(current);
+                return Ok(Step::Stop);
+            }
+            *current = fresh;
             Ok(Step::Again)
         }
         Err(kube::Error::Api(s)) if s.is_not_found() => {
