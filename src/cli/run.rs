@@ -236,25 +236,35 @@ async fn watch_command(child: &mut Child, pid: Pid, started: &mut Started, guard
     }
 }
 
-/// The grant is lost: stop CMD's whole tree (SIGTERM; after the safety margin the
-/// supervisor's tree kill; after [`KILL_TIMEOUT`] more, the supervisor itself), and
-/// release only when nothing of it is left.
+/// The grant is lost: stop CMD's whole tree (SIGTERM; by the command's deadline,
+/// [`kill_grace`], SIGKILL to the supervisor and every process below it), and release
+/// only when nothing of it is left.
 async fn stop_on_loss((child, pid): (&mut Child, Pid), guard: Guard, lock: &str) {
-    let grace = safety_margin(guard.lease_duration());
+    let grace = kill_grace(guard.valid_until(), guard.lease_duration(), tokio::time::Instant::now());
     eprintln!("leasehold: lost lock {lock}: stopping the command (SIGKILL in {grace:?})");
     let _ = kill(pid, FORWARD_TERM_SIGNAL);
     if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        // The supervisor kills CMD's whole tree, then exits.
+        // The supervisor would kill the tree on a signal, but it may be stopped or slow
+        // (CMD may signal its parent): as the subreaper above it, kill it all ourselves.
         let _ = kill(pid, KILL_TREE_SIGNAL);
-        if tokio::time::timeout(KILL_TIMEOUT, child.wait()).await.is_err() {
-            let _ = child.kill().await;
-        }
+        crate::supervise::kill_descendants(Some(pid));
+        let _ = child.wait().await;
     }
     if !outlived_by_nothing() {
         guard.abandon();
     } else if let Err(e) = guard.release().await {
         eprintln!("leasehold: {e}");
     }
+}
+
+/// How long CMD may take over SIGTERM before SIGKILL, its grant lost at `now`: the
+/// safety margin, but no longer than CMD's deadline allows
+/// ([`crate::protocol::timing::command_dead_by`] the last renewal: `valid_until`, the
+/// holder's stop, plus the margin). A loss noticed late (the process paused, a frozen
+/// pod, a starved runtime) leaves less, or none: the lock may have passed on already.
+fn kill_grace(valid_until: tokio::time::Instant, lease: Duration, now: tokio::time::Instant) -> Duration {
+    let margin = safety_margin(lease);
+    (valid_until + margin).saturating_duration_since(now).min(margin)
 }
 
 /// How CMD's end became known.
@@ -321,4 +331,30 @@ fn outlived_by_nothing() -> bool {
         eprintln!("leasehold: processes of the command did not die; not releasing: the claim will expire");
     }
     clean
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SIGTERM grace ends by CMD's deadline: the whole margin for a loss noticed on
+    /// time (at the holder's stop), less for one noticed late, none past the deadline.
+    #[test]
+    fn the_kill_grace_ends_by_the_commands_deadline() {
+        let lease = Duration::from_secs(8); // a margin of 2 s
+        let stop = tokio::time::Instant::now() + Duration::from_secs(60);
+        let grace = |after_stop: i64| {
+            let now = if after_stop >= 0 {
+                stop + Duration::from_millis(after_stop as u64)
+            } else {
+                stop - Duration::from_millis(-after_stop as u64)
+            };
+            kill_grace(stop, lease, now).as_millis()
+        };
+        assert_eq!(grace(-30_000), 2_000, "revoked early: the whole margin");
+        assert_eq!(grace(0), 2_000, "at the stop: the whole margin");
+        assert_eq!(grace(1_500), 500, "noticed late: what is left");
+        assert_eq!(grace(2_000), 0, "at the deadline: none");
+        assert_eq!(grace(60_000), 0, "resumed a minute late: none");
+    }
 }

@@ -109,6 +109,15 @@ impl Guard {
         self.held.session.lease
     }
 
+    /// By when the holder must have stopped acting on the strength of its last
+    /// successful renewal ([`crate::protocol::timing::client_stop_by`]: its send time
+    /// plus the lease less the safety margin), on the monotonic clock. [`Guard::lost`]
+    /// fires then at the latest, unless the process was paused or starved past it: a
+    /// loss noticed after this instant leaves no time to wind down.
+    pub fn valid_until(&self) -> tokio::time::Instant {
+        self.held.session.valid_until()
+    }
+
     /// The name of the claim Lease holding the lock.
     pub fn claim(&self) -> &str {
         &self.held.session.claim

@@ -169,7 +169,6 @@ impl Session {
     }
 
     /// [`client_stop_by`] the last successful write: how long a holder may act.
-    #[cfg(test)]
     pub fn valid_until(&self) -> Instant {
         *self.valid_until.borrow()
     }

@@ -665,6 +665,45 @@ async fn a_forged_release_mark_does_not_let_the_next_holder_in_early() {
     wait_event(&ns, &claim_a, "ForgedRelease").await;
 }
 
+/// A holder's pod frozen past its deadline (a cgroup freeze, a paused VM: `leasehold
+/// run`, its supervisor and CMD stopped alike) while the lock passes on: once thawed,
+/// `leasehold run` finds its grant lost with no time left, and kills CMD at once.
+/// Before, it gave CMD the whole SIGTERM grace (a quarter of the lease) and then the
+/// supervisor up to five seconds more, while the next holder ran.
+#[tokio::test]
+async fn a_run_thawed_past_its_deadline_kills_its_command_at_once() {
+    use nix::sys::signal::{Signal, kill, killpg};
+    use nix::unistd::Pid;
+
+    let ns = TestNs::new("thaw").await;
+    let _c = spawn_controller(&ns, "thaw");
+    ns.lock("l", spec(LEASE)).await;
+    let dir = scratch("thaw");
+    let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, STUBBORN).await;
+    let run_pid = run_a.id().unwrap();
+    let supervisor = first_child(run_pid);
+    let cmd: i32 = log(&dir)[0][3].parse().unwrap();
+    let frozen = [Pid::from_raw(run_pid as i32), Pid::from_raw(supervisor as i32)];
+    killpg(Pid::from_raw(cmd), Signal::SIGSTOP).unwrap();
+    for pid in frozen {
+        kill(pid, Signal::SIGSTOP).unwrap();
+    }
+    // a's claim expires, and b runs its section.
+    wait_log(&dir, "b starts", |l| l.iter().any(|l| l[0] == "start" && l[2] == "b")).await;
+    kill(frozen[0], Signal::SIGCONT).unwrap();
+    let thawed = Instant::now();
+    wait_for("a's CMD to die", DEADLINE, || async { dead(cmd as u32).then_some(()) }).await;
+    let margin = leasehold::protocol::timing::safety_margin(Duration::from_secs(LEASE as u64));
+    assert!(
+        thawed.elapsed() < margin / 2,
+        "a's CMD lived {:?} past the thaw, its deadline long gone (the SIGTERM grace is {margin:?})",
+        thawed.elapsed()
+    );
+    let _ = kill(frozen[1], Signal::SIGCONT);
+    let _ = killpg(Pid::from_raw(cmd), Signal::SIGCONT);
+    a_lost_then_b_ran_alone(&mut run_a, &mut run_b, &dir).await;
+}
+
 #[tokio::test]
 async fn sigkill_of_run_kills_cmd_and_the_next_holder_starts_after_expiry() {
     let ns = TestNs::new("sigkill").await;
