@@ -97,6 +97,10 @@ pub enum Command {
         /// its reading end is closed (or a signal comes).
         #[arg(long, requires = "supervise")]
         report_fd: Option<i32>,
+        /// With --supervise: kill the command's whole process tree when the last
+        /// deadline read from this inherited descriptor (`kill-in MS` lines) passes.
+        #[arg(long, requires = "supervise")]
+        deadline_fd: Option<i32>,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<OsString>,
@@ -134,14 +138,17 @@ pub fn run_sync(cli: &Cli) -> Option<ExitCode> {
             command,
             start_fd,
             report_fd,
+            deadline_fd,
             ..
-        } => Some(match crate::supervise::supervise(command, *start_fd, *report_fd) {
-            Ok(code) => ExitCode::from(code),
-            Err(e) => {
-                eprintln!("leasehold guard: {e}");
-                ExitCode::from(127)
-            }
-        }),
+        } => Some(
+            match crate::supervise::supervise(command, *start_fd, *report_fd, *deadline_fd) {
+                Ok(code) => ExitCode::from(code),
+                Err(e) => {
+                    eprintln!("leasehold guard: {e}");
+                    ExitCode::from(127)
+                }
+            },
+        ),
         Command::Guard {
             signal,
             command,

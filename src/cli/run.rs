@@ -123,6 +123,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let pid = Pid::from_raw(child.id().expect("a just-spawned child has a pid") as i32);
+    started.tell_deadline(command_left(&guard));
     ready.iter().for_each(|r| r.set(true));
     let ended = watch_command(&mut child, pid, &mut started, &guard).await?;
     // CMD no longer runs under the grant: not Ready from now, through the release and
@@ -137,12 +138,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             code
         }
         Ended::Exited(status) => {
+            // Killed by its supervisor at the deadline (this process paused): the grant is lost.
+            let lost = guard.is_lost() || tokio::time::Instant::now() >= guard.valid_until();
             if outlived_by_nothing() {
                 release(guard).await;
             } else {
                 guard.abandon();
             }
-            crate::supervise::exit_status(status)
+            if lost {
+                EXIT_LOST
+            } else {
+                crate::supervise::exit_status(status)
+            }
         }
         Ended::Lost => {
             // A supervisor that reports CMD's end now exits at once.
@@ -222,8 +229,10 @@ async fn acquire(lock: &Lock, args: &RunArgs, namespace: &str) -> anyhow::Result
 /// SIGTERM and SIGINT, or for the grant to be lost.
 async fn watch_command(child: &mut Child, pid: Pid, started: &mut Started, guard: &Guard) -> anyhow::Result<Ended> {
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+    let mut renewed = guard.valid_until_changes();
     loop {
         tokio::select! {
+            Ok(()) = renewed.changed() => started.tell_deadline(command_left(guard)),
             code = started.exited(), if started.reporting() => match code {
                 Some(code) => return Ok(Ended::Reported(code)),
                 None => continue, // the supervisor ended unreported: its exit tells
@@ -255,6 +264,14 @@ async fn stop_on_loss((child, pid): (&mut Child, Pid), guard: Guard, lock: &str)
     } else if let Err(e) = guard.release().await {
         eprintln!("leasehold: {e}");
     }
+}
+
+/// How long from now CMD may run at most: until its deadline
+/// ([`crate::protocol::timing::command_dead_by`] the last successful renewal), which
+/// its supervisor keeps too ([`Started::tell_deadline`]).
+fn command_left(guard: &Guard) -> Duration {
+    let dead_by = guard.valid_until() + safety_margin(guard.lease_duration());
+    dead_by.saturating_duration_since(tokio::time::Instant::now())
 }
 
 /// How long CMD may take over SIGTERM before SIGKILL, its grant lost at `now`: the

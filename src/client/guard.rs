@@ -118,6 +118,12 @@ impl Guard {
         self.held.session.valid_until()
     }
 
+    /// [`Guard::valid_until`] as it changes (with each successful renewal): for a
+    /// watchdog of the caller's own, as `leasehold run` keeps one in CMD's supervisor.
+    pub fn valid_until_changes(&self) -> watch::Receiver<tokio::time::Instant> {
+        self.held.session.valid_until_changes()
+    }
+
     /// The name of the claim Lease holding the lock.
     pub fn claim(&self) -> &str {
         &self.held.session.claim

@@ -173,6 +173,11 @@ impl Session {
         *self.valid_until.borrow()
     }
 
+    /// [`Session::valid_until`] as it changes (with each successful write).
+    pub fn valid_until_changes(&self) -> watch::Receiver<Instant> {
+        self.valid_until.subscribe()
+    }
+
     /// Stop renewing at once (no write): the session is over.
     pub fn finish(&self) {
         self.state.send_if_modified(|s| {

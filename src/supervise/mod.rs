@@ -10,7 +10,8 @@
 //! after the grant. The supervisor stays CMD's parent: it becomes a child subreaper,
 //! starts CMD in a process group of its own, passes [`FORWARD_TERM_SIGNAL`] (as
 //! SIGTERM) and SIGINT on to that group, kills CMD's whole process tree on
-//! [`KILL_TREE_SIGNAL`], on SIGTERM (its parent-death signal) and after CMD exits (so
+//! [`KILL_TREE_SIGNAL`], on SIGTERM (its parent-death signal), when the last deadline
+//! `leasehold run` told it passes ([`deadline`]: a dead-man's switch) and after CMD exits (so
 //! nothing CMD left behind outlives the grant), and exits with CMD's status. When CMD
 //! left nothing behind, it first reports that status on its report descriptor, so
 //! `leasehold run` can release without waiting for the supervisor's own exit (0.57 ms
@@ -31,6 +32,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::{Pid, getppid};
 use tokio::signal::unix::{SignalKind, signal};
 
+mod deadline;
 mod start;
 mod tree;
 
@@ -50,6 +52,8 @@ pub const FORWARD_TERM_SIGNAL: Signal = Signal::SIGUSR2;
 const START_FD: i32 = 3;
 /// The descriptor number the supervisor reports CMD's end on.
 const REPORT_FD: i32 = 4;
+/// The descriptor number the supervisor reads CMD's deadlines from ([`deadline`]).
+const DEADLINE_FD: i32 = 5;
 
 /// The supervisor's exit status when it was told never to start CMD.
 pub const EXIT_NOT_STARTED: u8 = 125;
@@ -92,8 +96,14 @@ fn parent_gone(expected: Option<Pid>) -> bool {
 /// from that descriptor before it becomes CMD ([`start`]; when it never does, it exits
 /// with [`EXIT_NOT_STARTED`]). With `report_fd`, that status is written
 /// there (`exited N`) when CMD's tree ended with CMD (nothing of it left to kill), and
-/// only then.
-pub fn supervise(argv: &[OsString], start_fd: Option<i32>, report_fd: Option<i32>) -> std::io::Result<u8> {
+/// only then. With `deadline_fd`, CMD's whole tree is killed when the last deadline read
+/// there passes ([`deadline`]), and then no status is reported.
+pub fn supervise(
+    argv: &[OsString],
+    start_fd: Option<i32>,
+    report_fd: Option<i32>,
+    deadline_fd: Option<i32>,
+) -> std::io::Result<u8> {
     let Some((program, args)) = argv.split_first() else {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -116,6 +126,7 @@ pub fn supervise(argv: &[OsString], start_fd: Option<i32>, report_fd: Option<i32
         let mut kill_tree = signal(SignalKind::from_raw(KILL_TREE_SIGNAL as i32))?;
         let mut forward_term = signal(SignalKind::from_raw(FORWARD_TERM_SIGNAL as i32))?;
         let mut report = report_fd.map(|fd| reopened(fd, true)).transpose()?;
+        let mut deadline = deadline::Deadline::read_from(deadline_fd.map(|fd| reopened(fd, false)).transpose()?)?;
         let mut child = match start_fd {
             // CMD's process starts now and waits for the start message itself.
             Some(fd) => started_ahead(program, args, reopened(fd, false)?)?.spawn()?,
@@ -126,17 +137,25 @@ pub fn supervise(argv: &[OsString], start_fd: Option<i32>, report_fd: Option<i32
                 .spawn()?,
         };
         let cmd = Pid::from_raw(child.id().expect("a just-spawned child has a pid") as i32);
+        let mut past_deadline = false;
         let status = loop {
+            let dead_by = deadline.at().filter(|_| !past_deadline);
             tokio::select! {
                 status = child.wait() => break status?,
                 _ = term.recv() => { tree::kill_descendants(Some(cmd)); }
                 _ = forward_term.recv() => { let _ = killpg(cmd, Signal::SIGTERM); }
                 _ = int.recv() => { let _ = killpg(cmd, Signal::SIGINT); }
                 _ = kill_tree.recv() => { tree::kill_descendants(Some(cmd)); }
+                _ = deadline.read() => {}
+                _ = deadline::passes(dead_by) => {
+                    past_deadline = true;
+                    tree::kill_descendants(Some(cmd));
+                }
             }
         };
         let code = exit_status(status);
-        if tree::childless() {
+        // Killed by its deadline: the grant is lost, not CMD's to report.
+        if tree::childless() && !past_deadline {
             // CMD left nothing behind: certain without a /proc walk (an orphan would
             // have been re-parented to us). Only then report; a tree that had to be
             // killed is left to our exit, after which the parent checks once more for
@@ -230,6 +249,7 @@ fn started_ahead(
 pub struct Pending {
     start: std::io::PipeWriter,
     report: std::io::PipeReader,
+    deadline: std::io::PipeWriter,
 }
 
 impl Pending {
@@ -247,9 +267,15 @@ impl Pending {
         msg.push('\n');
         // Before the start message: once that is written, CMD runs.
         let report = tokio::net::unix::pipe::Receiver::from_owned_fd(self.report.into())?;
+        // Written without blocking, and without the reactor's readiness (a fresh pipe's
+        // first write would wait for it): a plain non-blocking write.
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        fcntl(&self.deadline, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(std::io::Error::from)?;
+        let deadline = self.deadline;
         self.start.write_all(msg.as_bytes())?;
         Ok(Started {
             report: Some(tokio::io::BufReader::new(report)),
+            deadline,
         })
     }
 }
@@ -258,6 +284,7 @@ impl Pending {
 /// once this is dropped (or its parent dies): drop it before waiting for that exit.
 pub struct Started {
     report: Option<tokio::io::BufReader<tokio::net::unix::pipe::Receiver>>,
+    deadline: std::io::PipeWriter,
 }
 
 impl Started {
@@ -282,6 +309,15 @@ impl Started {
     pub fn reporting(&self) -> bool {
         self.report.is_some()
     }
+
+    /// Tell the supervisor CMD must be dead `left` from now: it kills CMD's tree when
+    /// the last deadline told passes ([`deadline`]). Never blocks: a line the pipe cannot
+    /// take now (the supervisor stopped, its pipe full) is dropped, and the one before
+    /// stands, the earlier.
+    pub fn tell_deadline(&self, left: std::time::Duration) {
+        use std::io::Write;
+        let _ = (&self.deadline).write(deadline::message(left).as_bytes());
+    }
 }
 
 /// A command that runs `program` supervised by `leasehold guard --supervise` (see the
@@ -293,9 +329,11 @@ pub fn pending_command(
     use command_fds::{CommandFdExt, FdMapping};
     let (read, start) = std::io::pipe()?;
     let (report, write) = std::io::pipe()?;
+    let (deadlines, deadline) = std::io::pipe()?;
     let mut cmd = tokio::process::Command::new(leasehold);
     cmd.args(["guard", "--supervise", "--start-fd", &START_FD.to_string()])
-        .args(["--report-fd", &REPORT_FD.to_string(), "--"])
+        .args(["--report-fd", &REPORT_FD.to_string()])
+        .args(["--deadline-fd", &DEADLINE_FD.to_string(), "--"])
         .arg(program.into());
     cmd.env(PARENT_ENV, std::process::id().to_string());
     cmd.fd_mappings(vec![
@@ -307,9 +345,20 @@ pub fn pending_command(
             parent_fd: write.into(),
             child_fd: REPORT_FD,
         },
+        FdMapping {
+            parent_fd: deadlines.into(),
+            child_fd: DEADLINE_FD,
+        },
     ])
     .map_err(std::io::Error::other)?;
-    Ok((cmd, Pending { start, report }))
+    Ok((
+        cmd,
+        Pending {
+            start,
+            report,
+            deadline,
+        },
+    ))
 }
 
 /// A process's exit status as an exit code: its code, or 128 + its signal.

@@ -704,6 +704,30 @@ async fn a_run_thawed_past_its_deadline_kills_its_command_at_once() {
     a_lost_then_b_ran_alone(&mut run_a, &mut run_b, &dir).await;
 }
 
+/// A holder's `leasehold run` stopped alone (SIGSTOP of its pid: its supervisor and CMD
+/// run on) past its deadline: the supervisor kills CMD's tree by the deadline it was
+/// told, before the controller may pass the lock on. Before, CMD ran beside the next
+/// holder until `leasehold run` resumed.
+#[tokio::test]
+async fn a_run_stopped_alone_has_its_command_killed_by_its_supervisor_at_the_deadline() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    let ns = TestNs::new("stopped").await;
+    let _c = spawn_controller(&ns, "stopped");
+    ns.lock("l", spec(LEASE)).await;
+    let dir = scratch("stopped");
+    let (mut run_a, mut run_b) = ticking_holder_and_waiter(&ns, &dir, STUBBORN).await;
+    let cmd: u32 = log(&dir)[0][3].parse().unwrap();
+    let run_pid = Pid::from_raw(run_a.id().unwrap() as i32);
+    kill(run_pid, Signal::SIGSTOP).unwrap();
+    // a's claim expires, and b runs its section; a's CMD must be dead by then.
+    wait_log(&dir, "b ends", |l| l.iter().any(|l| l[0] == "end" && l[2] == "b")).await;
+    assert!(dead(cmd), "a's CMD runs on beside b while a's leasehold run is stopped");
+    kill(run_pid, Signal::SIGCONT).unwrap();
+    a_lost_then_b_ran_alone(&mut run_a, &mut run_b, &dir).await;
+}
+
 #[tokio::test]
 async fn sigkill_of_run_kills_cmd_and_the_next_holder_starts_after_expiry() {
     let ns = TestNs::new("sigkill").await;
