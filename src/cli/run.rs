@@ -20,6 +20,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
 
 use super::ClusterArgs;
 use super::ready::Ready;
@@ -123,7 +124,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let pid = Pid::from_raw(child.id().expect("a just-spawned child has a pid") as i32);
-    started.tell_deadline(command_left(&guard));
+    tell_deadline(&started, &guard);
     ready.iter().for_each(|r| r.set(true));
     let ended = watch_command(&mut child, pid, &mut started, &guard).await?;
     // CMD no longer runs under the grant: not Ready from now, through the release and
@@ -139,7 +140,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Ended::Exited(status) => {
             // Killed by its supervisor at the deadline (this process paused): the grant is lost.
-            let lost = guard.is_lost() || tokio::time::Instant::now() >= guard.valid_until();
+            let lost = guard.is_lost() || Instant::now() >= guard.valid_until();
             if outlived_by_nothing() {
                 release(guard).await;
             } else {
@@ -232,7 +233,7 @@ async fn watch_command(child: &mut Child, pid: Pid, started: &mut Started, guard
     let mut renewed = guard.valid_until_changes();
     loop {
         tokio::select! {
-            Ok(()) = renewed.changed() => started.tell_deadline(command_left(guard)),
+            Ok(()) = renewed.changed() => tell_deadline(started, guard),
             code = started.exited(), if started.reporting() => match code {
                 Some(code) => return Ok(Ended::Reported(code)),
                 None => continue, // the supervisor ended unreported: its exit tells
@@ -249,7 +250,7 @@ async fn watch_command(child: &mut Child, pid: Pid, started: &mut Started, guard
 /// [`kill_grace`], SIGKILL to the supervisor and every process below it), and release
 /// only when nothing of it is left.
 async fn stop_on_loss((child, pid): (&mut Child, Pid), guard: Guard, lock: &str) {
-    let grace = kill_grace(guard.valid_until(), guard.lease_duration(), tokio::time::Instant::now());
+    let grace = kill_grace(guard.valid_until(), guard.lease_duration(), Instant::now());
     eprintln!("leasehold: lost lock {lock}: stopping the command (SIGKILL in {grace:?})");
     let _ = kill(pid, FORWARD_TERM_SIGNAL);
     if tokio::time::timeout(grace, child.wait()).await.is_err() {
@@ -266,22 +267,29 @@ async fn stop_on_loss((child, pid): (&mut Child, Pid), guard: Guard, lock: &str)
     }
 }
 
-/// How long from now CMD may run at most: until its deadline
-/// ([`crate::protocol::timing::command_dead_by`] the last successful renewal), which
-/// its supervisor keeps too ([`Started::tell_deadline`]).
-fn command_left(guard: &Guard) -> Duration {
-    let dead_by = guard.valid_until() + safety_margin(guard.lease_duration());
-    dead_by.saturating_duration_since(tokio::time::Instant::now())
+/// Tell CMD's supervisor its deadline, as `guard`'s last renewal sets it.
+fn tell_deadline(started: &Started, guard: &Guard) {
+    started.tell_deadline(command_left(
+        guard.valid_until(),
+        guard.lease_duration(),
+        Instant::now(),
+    ));
+}
+
+/// How long from `now` CMD may run at most: until its deadline
+/// ([`crate::protocol::timing::command_dead_by`] the last successful renewal:
+/// `valid_until`, the holder's stop, plus the safety margin), which its supervisor keeps
+/// too ([`Started::tell_deadline`]).
+fn command_left(valid_until: Instant, lease: Duration, now: Instant) -> Duration {
+    (valid_until + safety_margin(lease)).saturating_duration_since(now)
 }
 
 /// How long CMD may take over SIGTERM before SIGKILL, its grant lost at `now`: the
-/// safety margin, but no longer than CMD's deadline allows
-/// ([`crate::protocol::timing::command_dead_by`] the last renewal: `valid_until`, the
-/// holder's stop, plus the margin). A loss noticed late (the process paused, a frozen
-/// pod, a starved runtime) leaves less, or none: the lock may have passed on already.
-fn kill_grace(valid_until: tokio::time::Instant, lease: Duration, now: tokio::time::Instant) -> Duration {
-    let margin = safety_margin(lease);
-    (valid_until + margin).saturating_duration_since(now).min(margin)
+/// safety margin, but no longer than [`command_left`]. A loss noticed late (the process
+/// paused, a frozen pod, a starved runtime) leaves less, or none: the lock may have
+/// passed on already.
+fn kill_grace(valid_until: Instant, lease: Duration, now: Instant) -> Duration {
+    command_left(valid_until, lease, now).min(safety_margin(lease))
 }
 
 /// How CMD's end became known.
@@ -359,7 +367,7 @@ mod tests {
     #[test]
     fn the_kill_grace_ends_by_the_commands_deadline() {
         let lease = Duration::from_secs(8); // a margin of 2 s
-        let stop = tokio::time::Instant::now() + Duration::from_secs(60);
+        let stop = Instant::now() + Duration::from_secs(60);
         let grace = |after_stop: i64| {
             let now = if after_stop >= 0 {
                 stop + Duration::from_millis(after_stop as u64)

@@ -267,15 +267,10 @@ impl Pending {
         msg.push('\n');
         // Before the start message: once that is written, CMD runs.
         let report = tokio::net::unix::pipe::Receiver::from_owned_fd(self.report.into())?;
-        // Written without blocking, and without the reactor's readiness (a fresh pipe's
-        // first write would wait for it): a plain non-blocking write.
-        use nix::fcntl::{FcntlArg, OFlag, fcntl};
-        fcntl(&self.deadline, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(std::io::Error::from)?;
-        let deadline = self.deadline;
         self.start.write_all(msg.as_bytes())?;
         Ok(Started {
             report: Some(tokio::io::BufReader::new(report)),
-            deadline,
+            deadline: self.deadline,
         })
     }
 }
@@ -330,6 +325,10 @@ pub fn pending_command(
     let (read, start) = std::io::pipe()?;
     let (report, write) = std::io::pipe()?;
     let (deadlines, deadline) = std::io::pipe()?;
+    // Written without blocking, and without the reactor's readiness (a fresh pipe's
+    // first write would wait for it): plain non-blocking writes, set up before the wait.
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    fcntl(&deadline, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(std::io::Error::from)?;
     let mut cmd = tokio::process::Command::new(leasehold);
     cmd.args(["guard", "--supervise", "--start-fd", &START_FD.to_string()])
         .args(["--report-fd", &REPORT_FD.to_string()])

@@ -529,6 +529,18 @@ mod tests {
         .unwrap()
     }
 
+    /// [`judge_claims`] with no release notices.
+    fn judge(
+        seen: &InView,
+        status: &DistributedLockStatus,
+        lease: Duration,
+        tracker: &mut Tracker<Instant>,
+        now: Instant,
+    ) -> Judged<Instant> {
+        let none = |_: &str, _: Option<&str>| None;
+        judge_claims(seen, (status, &record::records(status)), lease, none, tracker, now)
+    }
+
     fn names(leases: &[Arc<Lease>]) -> Vec<String> {
         leases.iter().map(|l| l.name_any()).collect()
     }
@@ -554,26 +566,11 @@ mod tests {
         let status = DistributedLockStatus::default();
         let mut tracker = Tracker::default();
         let t0 = Instant::now();
-        let none = |_: &str, _: Option<&str>| None;
-        let first = judge_claims(
-            &seen,
-            (&status, &record::records(&status)),
-            Duration::from_secs(10),
-            none,
-            &mut tracker,
-            t0,
-        );
+        let first = judge(&seen, &status, Duration::from_secs(10), &mut tracker, t0);
         assert!(first.expired.is_empty());
         assert_eq!(first.claims.len(), 1);
         let due = *first.deadlines.first().expect("its expiry is a deadline");
-        let later = judge_claims(
-            &seen,
-            (&status, &record::records(&status)),
-            Duration::from_secs(10),
-            none,
-            &mut tracker,
-            due,
-        );
+        let later = judge(&seen, &status, Duration::from_secs(10), &mut tracker, due);
         assert!(later.expired.is_empty(), "the status names it not: no fresh read");
         assert_eq!(
             names(&later.expire_unnamed),
@@ -585,11 +582,10 @@ mod tests {
             "claim": "a", "pod": "pod-a", "podUID": "uid-a", "requestedAt": "2026-01-01T00:00:00Z",
             "leaseDurationSeconds": 10}], "queueLength": 1}))
         .unwrap();
-        let later = judge_claims(
+        let later = judge(
             &seen,
-            (&queued, &record::records(&queued)),
+            &queued,
             Duration::from_secs(1),
-            none,
             &mut tracker,
             due + timing::WAIT_LEASE,
         );
@@ -616,15 +612,7 @@ mod tests {
             "leaseDurationSeconds": 10}], "queueLength": 1}))
         .unwrap();
         let (mut tracker, t0) = (Tracker::default(), Instant::now());
-        let none = |_: &str, _: Option<&str>| None;
-        let judged = judge_claims(
-            &seen,
-            (&status, &record::records(&status)),
-            Duration::from_secs(1),
-            none,
-            &mut tracker,
-            t0,
-        );
+        let judged = judge(&seen, &status, Duration::from_secs(1), &mut tracker, t0);
         let expires = *judged.deadlines.first().expect("its expiry is a deadline");
         let by_wait_lease = timing::controller_expiry(t0, Duration::from_secs(1), timing::WAIT_LEASE);
         assert_eq!(
@@ -646,15 +634,7 @@ mod tests {
             "grantedAt": "2026-01-01T00:00:00Z", "leaseDurationSeconds": 10}]}))
         .unwrap();
         let (mut tracker, t0) = (Tracker::default(), Instant::now());
-        let none = |_: &str, _: Option<&str>| None;
-        let judged = judge_claims(
-            &seen,
-            (&status, &record::records(&status)),
-            Duration::from_secs(5),
-            none,
-            &mut tracker,
-            t0,
-        );
+        let judged = judge(&seen, &status, Duration::from_secs(5), &mut tracker, t0);
         let expires = *judged.deadlines.first().expect("its expiry is a deadline");
         let by_record = timing::controller_expiry(t0, Duration::from_secs(5), Duration::from_secs(10));
         assert_eq!(expires, by_record, "judged by its recorded 10 s, not the raised hour");
@@ -675,15 +655,7 @@ mod tests {
             "grantedAt": "2026-01-01T00:00:00Z", "leaseDurationSeconds": 10}]}))
         .unwrap();
         let (mut tracker, t0) = (Tracker::default(), Instant::now());
-        let none = |_: &str, _: Option<&str>| None;
-        let judged = judge_claims(
-            &seen,
-            (&status, &record::records(&status)),
-            Duration::from_secs(10),
-            none,
-            &mut tracker,
-            t0,
-        );
+        let judged = judge(&seen, &status, Duration::from_secs(10), &mut tracker, t0);
         assert_eq!(judged.invalid, ["a"], "b is recorded: its record stands");
         let warned: Vec<_> = judged.warnings.iter().map(|(l, r, _)| (l.name_any(), *r)).collect();
         assert_eq!(warned, [("a".into(), "InvalidClaim"), ("b".into(), "InvalidClaim")]);
