@@ -70,12 +70,16 @@ pub(crate) enum Mutant {
     /// lease raised before the lock recorded it): once its process dies, the lock holds
     /// its slot back that long, an hour for a neighbour's raise.
     RecordLongerLease,
+    /// An invalid claim the status does not record gets only an event, not a refusal:
+    /// a claim changed (its pod UID, say) after its client read it back at its notice
+    /// time and before the lock placed it leaves the client waiting for ever.
+    InvalidClaimUnlisted,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
 impl Mutant {
     /// Every mutant, in the order they were added.
-    pub(crate) const ALL: [Mutant; 22] = [
+    pub(crate) const ALL: [Mutant; 23] = [
         Mutant::PodGoneAsStopped,
         Mutant::ForgedAsReleased,
         Mutant::DeletedClaimFreesAtOnce,
@@ -98,6 +102,7 @@ impl Mutant {
         Mutant::HandoverByAnyMark,
         Mutant::DirectGrantBesideHolders,
         Mutant::RecordLongerLease,
+        Mutant::InvalidClaimUnlisted,
     ];
 
     /// Whether the decide core's world model (`decide::explore`) can show it; the
@@ -121,6 +126,7 @@ impl Mutant {
                 | Mutant::HandoverByAnyMark
                 | Mutant::DirectGrantBesideHolders
                 | Mutant::RecordLongerLease
+                | Mutant::InvalidClaimUnlisted
         )
     }
 }

@@ -201,7 +201,8 @@ impl<T> Judged<T> {
         self.warnings
             .push((claim.clone(), "InvalidClaim", bad.message().to_string()));
         let name = claim.name_any();
-        if !records.contains_key(name.as_str()) {
+        let unlisted = crate::mutant::on(crate::mutant::Mutant::InvalidClaimUnlisted);
+        if !records.contains_key(name.as_str()) && !unlisted {
             self.invalid.push(name);
         }
     }

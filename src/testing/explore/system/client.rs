@@ -46,6 +46,12 @@ pub(super) struct Client {
     /// grants it, and the token reserved for it. Every one it ever saw (its watch of the
     /// lock may lag, so it may follow an older designation than the stored status).
     handovers: BTreeSet<(String, i64)>,
+    /// A status written since it claimed named its claim.
+    pub placed: bool,
+    /// It read its unplaced claim back at its notice time, and found it as it wrote it.
+    pub read_back: bool,
+    /// How many claims it made (idle after one: it claims anew).
+    pub claims: u32,
 }
 
 impl Client {
@@ -80,6 +86,15 @@ impl Client {
             }
     }
 
+    /// It withdrew its claim, never acted on: it knows nothing of it any more, and
+    /// claims anew.
+    pub fn start_anew(&mut self) {
+        *self = Client {
+            claims: self.claims,
+            ..Default::default()
+        };
+    }
+
     pub fn shift(&mut self, f: impl Fn(&mut Ms)) {
         f(&mut self.last_sent);
         f(&mut self.valid_until);
@@ -99,6 +114,11 @@ fn wrote(i: usize, lease: i32) -> record::Claimed {
 }
 
 impl System {
+    /// What client `i` writes on its claim.
+    pub(super) fn wrote(&self, i: usize) -> record::Claimed {
+        wrote(i, self.cfg.client_lease)
+    }
+
     pub(super) fn lease(&self) -> std::time::Duration {
         secs(self.cfg.client_lease)
     }
@@ -115,6 +135,7 @@ impl System {
                 out.extend((!c.told.is_empty()).then_some(Step::Hold(i)));
                 out.extend(self.handed_over(i).is_some().then_some(Step::SeeMark(i)));
                 out.push(Step::Release(i));
+                out.extend(self.learn_steps(i));
             }
             Phase::Acting => {
                 out.extend([Step::Renew(i), Step::Release(i)]);
@@ -134,7 +155,13 @@ impl System {
     pub(super) fn create(&mut self, i: usize) {
         let rv = self.next_rv();
         let lease = self.lease();
-        let name = ((b'a' + i as u8) as char).to_string();
+        let letter = (b'a' + i as u8) as char;
+        let made = self.clients[i].claims;
+        let name = if made == 0 {
+            letter.to_string()
+        } else {
+            format!("{letter}{made}")
+        };
         let obj = ClaimObj {
             rv,
             client: i,
@@ -144,6 +171,7 @@ impl System {
             hash: true,
             stamped: false,
             labelled: true,
+            uid_changed: false,
             renewals: 0,
             made: self.made,
             patched_early: false,
@@ -152,7 +180,8 @@ impl System {
         self.server.claims.insert(name.clone(), obj);
         let now = self.now;
         let c = &mut self.clients[i];
-        (c.claim, c.phase) = (Some(name), Phase::Waiting);
+        (c.claim, c.phase, c.claims) = (Some(name), Phase::Waiting, made + 1);
+        (c.placed, c.read_back) = (false, false);
         c.last_sent = now;
         c.valid_until = valid_until(now, lease, true);
     }

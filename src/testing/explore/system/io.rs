@@ -253,6 +253,7 @@ impl System {
             self.tell(&claim, token, &status);
         }
         self.designate(&status, max_holders);
+        self.see_placed(&status);
         Step::Written
     }
 

@@ -5,9 +5,11 @@
 //! view until it reads that it lost; restarts), clients (create, wait, renew, hold, act,
 //! release by mark or notice, withdraw, hang on a renewal that lands unanswered, be
 //! killed, be told of a grant late, take the one holder's release mark as its grant
-//! while designated), a neighbour with the client Role's rights (patch a
-//! claim's lease down, remove it, strip its release hash, stamp a fencing token on it,
-//! forge its release mark, delete it, make a stamped claim of its own pod), pods
+//! while designated, learn from the lock or a read-back that its claim no longer
+//! stands and claim anew), a neighbour with the client Role's rights (patch a
+//! claim's lease down or up, remove it, strip its release hash, change its pod UID,
+//! stamp a fencing token on it, forge its release mark, delete it, make a stamped
+//! claim of its own pod), pods
 //! (force-deleted with their processes running on, or stopped by the kubelet), a lock
 //! deleted behind its finalizer and re-created under the same name, and time.
 //!
@@ -32,15 +34,16 @@
 //! controller never deletes as expired a claim whose process may still act, nor lets a
 //! deleted lock go while a process it granted may; every holder a status lists was
 //! granted (or designated) by the lock, with that token; a client never finds its
-//! grant's record tampered unless its claim was patched before the lock recorded it (no
-//! lost waiter); and, as a grant is issued (the model tells its client at the status
+//! grant's record tampered unless its claim was patched before the lock recorded it, nor
+//! a claim as it wrote it refused while its pod runs (no lost waiter); and, as a grant is issued (the model tells its client at the status
 //! write that records it, the direct grant, or the mark it takes), no more processes may
 //! act than the lock's `maxHolders` says at that moment (the user may change it). Liveness: see
-//! [`settle`].
+//! [`settle`] (a waiter whose claim someone changed must be granted or learn of it).
 
 mod client;
 mod controller;
 mod io;
+mod learn;
 mod objects;
 mod settle;
 #[cfg(test)]
@@ -102,6 +105,9 @@ pub(super) struct Menu {
     pub resize: bool,
     /// The neighbour raises a claim's lease to an hour.
     pub raises: bool,
+    /// The neighbour changes a claim's pod UID (the claim is invalid from then on); a
+    /// waiting client reads its unplaced claim back once, as at its notice time.
+    pub invalids: bool,
 }
 
 /// One configuration: the actors and the bound.
@@ -165,6 +171,9 @@ struct ClaimObj {
     stamped: bool,
     /// It carries its lock label (the controller's watch selects claims by it).
     labelled: bool,
+    /// Its pod UID annotation was changed: it no longer names its pod as its owner
+    /// reference does (the controller judges it invalid).
+    uid_changed: bool,
     /// Its place in arrival order.
     made: u32,
     /// Patched by the neighbour before the lock's status first recorded it (then its
@@ -216,6 +225,10 @@ pub(super) enum Step {
     Kill(usize),
     /// Client i reads the lock and finds its grant revoked.
     SeeRevoked(usize),
+    /// Client i, waiting, learns from the lock that its wait has ended ([`learn`]).
+    Learn(usize),
+    /// Client i reads its unplaced claim back, as at its notice time.
+    ReadBack(usize),
     /// Client i, designated for a handover, sees the holder's claim carry a release mark
     /// that opens the recorded hash: its grant.
     SeeMark(usize),
@@ -242,6 +255,8 @@ pub(super) enum Step {
     StripLease(usize),
     /// The neighbour raises client i's claim's lease to an hour.
     RaiseLease(usize),
+    /// The neighbour changes client i's claim's pod UID annotation.
+    ChangeUid(usize),
     /// The neighbour stamps a fencing token (1) on client i's claim.
     Stamp(usize),
     /// The neighbour makes a claim of its own pod, stamped, with a lease of an hour.
@@ -405,6 +420,9 @@ impl Machine for System {
             if let Some(claim) = claim.filter(|_| menu.raises) {
                 out.extend((0 < claim.lease && claim.lease < HOUR).then_some(Step::RaiseLease(i)));
             }
+            if let Some(claim) = claim.filter(|_| menu.invalids) {
+                out.extend((!claim.uid_changed).then_some(Step::ChangeUid(i)));
+            }
             if let Some(claim) = claim.filter(|_| menu.stamps) {
                 out.extend((!claim.stamped).then_some(Step::Stamp(i)));
             }
@@ -450,6 +468,8 @@ impl Machine for System {
             Step::Kill(i) => self.stop_process(i, self.now),
             Step::SeeRevoked(i) => self.see_revoked(i),
             Step::SeeMark(i) => self.see_mark(i),
+            Step::Learn(i) => self.learn(i),
+            Step::ReadBack(i) => self.read_back(i),
             Step::Reconcile(c) => self.reconcile(c, true),
             Step::Stale(c) => self.reconcile(c, false),
             Step::SyncLock(c) => self.sync_lock(c),
@@ -479,6 +499,12 @@ impl Machine for System {
             Step::RaiseLease(i) => {
                 let early = !self.recorded(i);
                 self.patch_claim(i, |c| (c.lease, c.patched_early) = (HOUR, c.patched_early || early));
+            }
+            Step::ChangeUid(i) => {
+                let early = !self.recorded(i);
+                self.patch_claim(i, |c| {
+                    (c.uid_changed, c.patched_early) = (true, c.patched_early || early)
+                });
             }
             Step::StripLease(i) => {
                 let early = !self.recorded(i);
@@ -571,6 +597,7 @@ impl System {
             hash: false,
             stamped: true,
             labelled: true,
+            uid_changed: false,
             renewals: 0,
             made: self.made,
             patched_early: false,

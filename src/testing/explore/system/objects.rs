@@ -41,9 +41,14 @@ pub(super) fn pod(i: usize) -> (String, String) {
 /// Claim `name` as a Lease.
 pub(super) fn claim_lease(name: &str, obj: &ClaimObj) -> Lease {
     let (pod, uid) = pod(obj.client);
+    let stated_uid = if obj.uid_changed {
+        format!("{uid}-changed")
+    } else {
+        uid.clone()
+    };
     let requested = Timestamp::from_microsecond(i64::from(obj.made) + 1).expect("a time");
     let mut annotations = BTreeMap::from([
-        (POD_UID_ANNOTATION.to_string(), uid.clone()),
+        (POD_UID_ANNOTATION.to_string(), stated_uid),
         (WAIT_LEASE_ANNOTATION.to_string(), obj.wait.to_string()),
         (REQUESTED_AT_ANNOTATION.to_string(), requested.to_string()),
     ]);

@@ -4,12 +4,13 @@
 //! -- --nocapture`, where `menu` lists the letters of what else may happen: `n`eighbour
 //! (patches and deletes claims; `d`: deletes only), lease `r`emovals, `u`nlabelled claims, `s`tamps (a
 //! token stamped on a claim, a stamped claim of the neighbour's own), `p`ods, `l`ock deletion, `w`atch
-//! lag, `c`ontroller failover, `k`ills, hangs and notices, `m`axHolders changed by the user. With `LEASEHOLD_MUTANT=Name`
+//! lag, `c`ontroller failover, `k`ills, hangs and notices, `m`axHolders changed by the user, lease `h`our
+//! raises, `i`nvalid claims (a pod UID changed; clients read unplaced claims back). With `LEASEHOLD_MUTANT=Name`
 //! too, `explore::system::tests::the_system` looks for that mutant within that run.
 
 use super::{Config, Menu, System};
 use crate::mutant::{Mutant, mutate};
-use crate::testing::bfs::{Covered, explore, explore_settling};
+use crate::testing::bfs::{Covered, explore_settling};
 
 /// A configuration, its depth, and the depth within which every state must settle.
 #[derive(Clone, Copy, Debug)]
@@ -33,6 +34,7 @@ fn menu(letters: &str) -> Menu {
         kills: letters.contains('k'),
         resize: letters.contains('m'),
         raises: letters.contains('h'),
+        invalids: letters.contains('i'),
     }
 }
 
@@ -96,7 +98,7 @@ fn ci() -> Vec<Run> {
         (2, 1, "l", 9, 7),
         (2, 1, "ck", 7, 5),
         (3, 2, "np", 6, 4),
-        (2, 1, "rsuh", 7, 3),
+        (2, 1, "rsuhi", 7, 3),
         (3, 2, "mw", 8, 4),
     ];
     let to_run = |(clients, max, letters, depth, settle)| Run {
@@ -125,32 +127,34 @@ fn mutant_by_hand() -> Option<Mutant> {
 }
 
 /// A bug put back, the clients and `maxHolders` that show it, the menu, the lock's and
-/// the clients' leases, and a depth past its shortest trace.
-type Bug = (Mutant, (usize, i32), &'static str, (i32, i32), usize);
+/// the clients' leases, and a depth past its shortest trace (with the depth within
+/// which states must settle, for a bug that breaks liveness).
+type Bug = (Mutant, (usize, i32), &'static str, (i32, i32), (usize, usize));
 
 /// Each bug put back, with the configuration that shows it: the fewest actors that
 /// can, the lock's and the clients' leases, and a depth past its shortest trace. (A
 /// lock lease of 1 s under the clients' 12 s is the lowered lease of issue #41's first
 /// finding, and puts the controller's expiry before the holder's first renewal.)
-const MUTANTS: [Bug; 18] = [
-    (Mutant::PodGoneAsStopped, (2, 1), "p", (4, 8), 8),
-    (Mutant::ForgedAsReleased, (2, 1), "n", (4, 8), 8),
-    (Mutant::DeletedClaimFreesAtOnce, (2, 1), "d", (4, 8), 8),
-    (Mutant::HoldBackBySpecLease, (2, 1), "d", (4, 8), 11),
-    (Mutant::LeaseAsPatchedAtGrant, (2, 1), "n", (4, 8), 8),
-    (Mutant::WaiterActsOnWaitRenewal, (2, 1), "", (4, 8), 6),
-    (Mutant::ExpiryWithoutFreshRead, (2, 1), "w", (4, 8), 7),
-    (Mutant::LifoQueue, (2, 1), "", (4, 8), 4),
-    (Mutant::LetGoWithSlotHeldBack, (2, 1), "l", (4, 8), 6),
-    (Mutant::NoTokenEpoch, (2, 1), "l", (4, 8), 10),
-    (Mutant::QueuedWithoutLease, (2, 1), "r", (1, 12), 9),
-    (Mutant::StampTrusted, (2, 1), "s", (4, 8), 3),
-    (Mutant::StatusWithoutVersion, (2, 1), "c", (4, 8), 6),
-    (Mutant::StrayWithoutRead, (2, 1), "u", (4, 8), 8),
-    (Mutant::DirectGrantBeforeStored, (2, 1), "", (4, 8), 3),
-    (Mutant::HandoverByAnyMark, (2, 1), "n", (4, 8), 9),
-    (Mutant::DirectGrantBesideHolders, (3, 2), "mw", (4, 8), 8),
-    (Mutant::RecordLongerLease, (1, 1), "h", (4, 8), 4),
+const MUTANTS: [Bug; 19] = [
+    (Mutant::PodGoneAsStopped, (2, 1), "p", (4, 8), (8, 0)),
+    (Mutant::ForgedAsReleased, (2, 1), "n", (4, 8), (8, 0)),
+    (Mutant::DeletedClaimFreesAtOnce, (2, 1), "d", (4, 8), (8, 0)),
+    (Mutant::HoldBackBySpecLease, (2, 1), "d", (4, 8), (11, 0)),
+    (Mutant::LeaseAsPatchedAtGrant, (2, 1), "n", (4, 8), (8, 0)),
+    (Mutant::WaiterActsOnWaitRenewal, (2, 1), "", (4, 8), (6, 0)),
+    (Mutant::ExpiryWithoutFreshRead, (2, 1), "w", (4, 8), (7, 0)),
+    (Mutant::LifoQueue, (2, 1), "", (4, 8), (4, 0)),
+    (Mutant::LetGoWithSlotHeldBack, (2, 1), "l", (4, 8), (6, 0)),
+    (Mutant::NoTokenEpoch, (2, 1), "l", (4, 8), (10, 0)),
+    (Mutant::QueuedWithoutLease, (2, 1), "r", (1, 12), (9, 0)),
+    (Mutant::StampTrusted, (2, 1), "s", (4, 8), (3, 0)),
+    (Mutant::StatusWithoutVersion, (2, 1), "c", (4, 8), (6, 0)),
+    (Mutant::StrayWithoutRead, (2, 1), "u", (4, 8), (8, 0)),
+    (Mutant::DirectGrantBeforeStored, (2, 1), "", (4, 8), (3, 0)),
+    (Mutant::HandoverByAnyMark, (2, 1), "n", (4, 8), (9, 0)),
+    (Mutant::DirectGrantBesideHolders, (3, 2), "mw", (4, 8), (8, 0)),
+    (Mutant::RecordLongerLease, (1, 1), "h", (4, 8), (4, 0)),
+    (Mutant::InvalidClaimUnlisted, (1, 1), "i", (4, 8), (4, 4)),
 ];
 
 /// The mutants to look for: [`MUTANTS`], or the one `LEASEHOLD_MUTANT` names within
@@ -159,8 +163,10 @@ fn mutants() -> Vec<(Mutant, Run)> {
     if let (Some(m), Some(r)) = (mutant_by_hand(), by_hand()) {
         return vec![(m, r)];
     }
-    let to_run =
-        |(bug, (clients, max), letters, leases, depth): Bug| (bug, run(clients, max, leases, menu(letters), depth));
+    let to_run = |(bug, (clients, max), letters, leases, (depth, settle)): Bug| {
+        let r = run(clients, max, leases, menu(letters), depth);
+        (bug, Run { settle, ..r })
+    };
     MUTANTS.into_iter().map(to_run).collect()
 }
 
@@ -169,7 +175,7 @@ fn the_system_model_finds_each_bug_put_back_with_its_trace() {
     for (bug, r) in mutants() {
         let _on = mutate(bug);
         let started = std::time::Instant::now();
-        let found = explore(System::new(r.cfg), r.depth);
+        let found = explore_settling(System::new(r.cfg), r.depth, r.settle);
         let found = found
             .err()
             .unwrap_or_else(|| panic!("{bug:?} was put back and nothing was found within {r:?}"));
