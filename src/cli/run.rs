@@ -140,7 +140,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Ended::Exited(status) => {
             // Killed by its supervisor at the deadline (this process paused): the grant is lost.
-            let lost = guard.is_lost() || Instant::now() >= guard.valid_until();
+            let lost = guard.is_lost();
             if outlived_by_nothing() {
                 release(guard).await;
             } else {

@@ -136,9 +136,12 @@ impl Guard {
         self.held.session.lost().await
     }
 
-    /// Whether the grant is already lost.
+    /// Whether the grant is already lost, or its deadline ([`Guard::valid_until`]) has
+    /// passed: a process paused or starved past it reads that here before its renewal
+    /// task has run to publish the loss.
     pub fn is_lost(&self) -> bool {
-        matches!(*self.held.session.state().borrow(), State::Lost(_))
+        let lost = matches!(*self.held.session.state().borrow(), State::Lost(_));
+        lost || tokio::time::Instant::now() >= self.valid_until()
     }
 
     /// The grant's state on a watch channel, for `select!` or child tasks.
@@ -242,6 +245,25 @@ mod tests {
             count: AtomicUsize::new(1),
             renewal: std::sync::Mutex::new(Some(renewal)),
         }
+    }
+
+    /// A process paused past its deadline, its renewal task not yet run since (here: not
+    /// running at all), reads its guard as lost before it acts again.
+    #[tokio::test(start_paused = true)]
+    async fn a_guard_past_its_deadline_is_lost_before_its_renewal_task_says_so() {
+        let (leases, _) = flaky_patches(0);
+        let held = Arc::new(held_grant(leases, 30).await);
+        held.renewal.lock().unwrap().take().expect("renewing").abort();
+        let guard = Guard {
+            held: held.clone(),
+            released: false,
+        };
+        assert!(!guard.is_lost(), "within its deadline");
+        let left = guard.valid_until() - tokio::time::Instant::now();
+        tokio::time::advance(left).await;
+        assert!(held.session.is_live(), "nothing published the loss");
+        assert!(guard.is_lost(), "its deadline has passed");
+        guard.abandon();
     }
 
     #[tokio::test(start_paused = true)]

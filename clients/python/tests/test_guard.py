@@ -59,6 +59,26 @@ def test_reentrant_guards_share_one_grant_given_back_once_by_the_last():
         second.check()
 
 
+def test_a_guard_past_its_deadline_is_lost_before_the_renewal_thread_says_so():
+    # A process paused past its deadline: the renewal thread sleeps on (its wait is on
+    # the real clock), while the guard's clock has passed the deadline.
+    now = [time.monotonic()]
+    claim = Claim()
+    session = Session("c", 15.0, now[0], claim.renew, clock=lambda: now[0])
+    session.hold()
+    guard = Guard(_Held(session, claim, 7, Watch(), queue.Queue()))
+    assert not guard.is_lost()
+    guard.check()
+    assert guard.valid_until == session.valid_until
+    now[0] = session.valid_until
+    assert session.state == "live", "nothing published the loss"
+    assert guard.is_lost()
+    with pytest.raises(LockLost) as lost:
+        guard.check()
+    assert "RenewalsFailed" in str(lost.value)
+    session.finish()
+
+
 def test_a_guard_dropped_unreleased_is_released():
     h, claim = held()
     guard = Guard(h)

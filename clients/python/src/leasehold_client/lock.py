@@ -37,7 +37,7 @@ from .errors import (
     Timeout,
 )
 from .identity import from_pod
-from .session import CLAIM_GONE, LIVE, LOCK_DELETED, LOST, REVOKED, Session
+from .session import CLAIM_GONE, LIVE, LOCK_DELETED, LOST, RENEWALS_FAILED, REVOKED, Session
 
 log = logging.getLogger("leasehold_client")
 
@@ -161,6 +161,14 @@ class Guard:
         return self._held.session.lease
 
     @property
+    def valid_until(self) -> float:
+        """By when, on ``time.monotonic()``, the holder must have stopped acting on the
+        strength of its last successful renewal (its send time plus the lease less the
+        safety margin). ``lost`` is set then at the latest, unless the process was paused
+        or starved past it; ``is_lost()`` and ``check()`` read it too."""
+        return self._held.session.valid_until
+
+    @property
     def lost(self) -> threading.Event:
         """Set once the grant is lost: stop acting on the lock's behalf at once."""
         return self._held.session.lost_event
@@ -172,14 +180,18 @@ class Guard:
         return self._held.session.reason if self._held.session.state == LOST else None
 
     def is_lost(self) -> bool:
-        """Whether the grant is lost."""
-        return self.lost.is_set()
+        """Whether the grant is lost, or its deadline (``valid_until``) has passed."""
+        return self.lost.is_set() or self._held.session.past_deadline()
 
     def check(self) -> None:
-        """Raise :class:`LockLost` if the grant is lost, or this process gave it back (call
-        it before each fenced write)."""
-        if self._held.session.state != LIVE or self._ticket[0]:
+        """Raise :class:`LockLost` if the grant is lost, its deadline has passed (before
+        the renewal thread may have said so), or this process gave it back (call it
+        before each fenced write)."""
+        session = self._held.session
+        if session.state != LIVE or self._ticket[0]:
             raise LockLost(self.claim, self.lost_reason or "Released")
+        if session.past_deadline():
+            raise LockLost(self.claim, RENEWALS_FAILED)
 
     def on_lost(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(reason)`` (on another thread) once the grant is lost."""

@@ -67,6 +67,12 @@ class Session:
         with self._cond:
             return self._state
 
+    def past_deadline(self) -> bool:
+        """Whether ``valid_until`` has passed: a holder must have stopped acting, whether or
+        not the renewal thread has run since to publish the loss (a process paused or
+        starved past it reads this first)."""
+        return self._clock() >= self.valid_until
+
     def is_live(self) -> bool:
         """Whether the claim still stands."""
         return self.state == LIVE
