@@ -339,6 +339,11 @@ pub enum RefuseReason {
     /// malformed hash: changed by someone who may patch Leases before the lock recorded
     /// it (the client then withdraws the claim and claims anew).
     InvalidClaim,
+    /// A reason this release does not know: written by a newer controller, read by an
+    /// older client or replica (which take it as a passing reason, not a final one).
+    /// Never written for a reason of its own.
+    #[serde(other)]
+    Unknown,
 }
 
 impl RefuseReason {
@@ -351,6 +356,7 @@ impl RefuseReason {
             Self::QueueFull => "QueueFull",
             Self::LeaseMissing => "LeaseMissing",
             Self::InvalidClaim => "InvalidClaim",
+            Self::Unknown => "Unknown",
         }
     }
 
@@ -367,6 +373,7 @@ impl RefuseReason {
             Self::InvalidClaim => {
                 "the claim does not name its pod as a client writes it (changed by someone who may patch Leases)"
             }
+            Self::Unknown => "a reason a newer controller gives (see the Warning events of the claim's Lease)",
         }
     }
 
@@ -405,6 +412,11 @@ pub enum RevokeReason {
     /// The lock is being deleted: every grant is revoked, and the lock goes once no
     /// holder's process may still run.
     LockDeleted,
+    /// A reason this release does not know: written by a newer controller, read by an
+    /// older client (its grant is revoked all the same) or replica. Never written for a
+    /// reason of its own.
+    #[serde(other)]
+    Unknown,
 }
 
 impl RevokeReason {
@@ -417,6 +429,7 @@ impl RevokeReason {
             Self::Expired => "Expired",
             Self::ForceReleased => "ForceReleased",
             Self::LockDeleted => "LockDeleted",
+            Self::Unknown => "Unknown",
         }
     }
 }

@@ -270,6 +270,31 @@ mod tests {
     use super::*;
     use crate::testing::mock_api;
 
+    /// A newer controller's reasons (a revocation, a refusal this release does not know)
+    /// still parse: a holder reads its grant revoked, not a status it cannot read (on
+    /// which it held on, its slot held back, for as long as it renewed).
+    #[test]
+    fn a_status_with_a_newer_controller_s_reasons_still_revokes_the_grant() {
+        let lock: DistributedLock = serde_json::from_value(serde_json::json!({
+            "apiVersion": "leasehold.dev/v1alpha1", "kind": "DistributedLock",
+            "metadata": { "name": "l", "namespace": "ns" },
+            "spec": {},
+            "status": {
+                "holders": [{
+                    "claim": "a", "pod": "p", "podUID": "u", "fencingToken": 7,
+                    "grantedAt": "2026-11-30T00:00:00Z",
+                    "revoked": { "reason": "PodEvicted", "at": "2026-11-30T00:00:01Z" },
+                }],
+                "refused": [{ "claim": "b", "reason": "QuotaExceeded" }],
+            },
+        }))
+        .expect("a newer controller's status parses");
+        assert!(!grants(&lock, "a", 7), "revoked, whatever the reason");
+        assert_eq!(lost_reason(&lock, "a"), LostReason::Revoked);
+        let refused = lock.status.as_ref().unwrap().refused[0].reason;
+        assert!(!refused.is_final(), "an unknown refusal is read back, as a passing one");
+    }
+
     #[tokio::test]
     async fn a_claims_watches_go_on_the_lock_client_and_its_writes_on_the_write_pool() {
         // Each mock answers with the name of its client, in a Lease's holder.
