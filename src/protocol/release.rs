@@ -80,9 +80,10 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The bytes a hex string encodes; `None` unless it is all pairs of hex digits.
+/// The bytes a hex string encodes; `None` unless it is all pairs of hex digits (only
+/// digits: `u8::from_str_radix` alone would take `+f` for `0f`).
 pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
+    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..text.len())

@@ -255,7 +255,9 @@ impl Designation {
                 }
             }
             let header = |name: &str| head.headers.get(name).and_then(|v| v.to_str().ok());
-            let token = header(TOKEN_HEADER).and_then(|t| t.parse::<i64>().ok());
+            // The token exactly as the controller writes it (no `+7`, no `07`), as the
+            // Python client reads it.
+            let token = header(TOKEN_HEADER).and_then(|t| t.parse::<i64>().ok().filter(|n| n.to_string() == t));
             let signature = header(SIGNATURE_HEADER).unwrap_or_default();
             if token == Some(self.token) && self.grant().verify(&self.key, signature) {
                 return Some(self.token);
