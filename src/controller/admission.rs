@@ -33,10 +33,11 @@ use crate::protocol::admission::{ADMISSION_PATH, Operation, Policy, judge};
 
 /// How long a TLS handshake may take before its connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The largest AdmissionReview taken: the old and the new object of a Lease at the API
-/// server's largest object (1.5 MiB each), and room to spare. A smaller bound would let
-/// a neighbour who padded a claim have every review of it refused, and with
-/// `failurePolicy: Ignore` its next change go through unjudged.
+/// The largest AdmissionReview taken. A claim's reviews stay far below it: no write may
+/// leave a claim over [`crate::protocol::admission::MAX_CLAIM_BYTES`], since a claim
+/// padded near the API server's largest object (1.5 MiB, escaped to as much as six
+/// times that in a review's JSON) would have every later review of it refused here,
+/// and with `failurePolicy: Ignore` its next change go through unjudged.
 pub const MAX_REVIEW_BYTES: usize = 16 * 1024 * 1024;
 
 /// Where and how to serve the webhook.

@@ -20,6 +20,11 @@
 //!   must open the claim's release hash ([`super::release::judge`]); the ownerReference to
 //!   its Pod changes only by the garbage collector ([`GARBAGE_COLLECTORS`]), and the
 //!   fencing-token stamp is never added or changed.
+//! - **A claim stays small** ([`MAX_CLAIM_BYTES`]): no write makes one larger than that.
+//!   A review carries the old and the new object, JSON-escaped by the API server (a `<`
+//!   takes six bytes): a claim padded near the API server's largest object would make
+//!   every later review of it too large for the webhook to read, and with
+//!   `failurePolicy: Ignore` its next change go through unjudged.
 //! - **Lock clients touch claims only.** A request by one of the client service
 //!   accounts ([`Policy::client_accounts`], in any namespace) may create, patch or
 //!   delete only Leases that are claims, so the client Role's `create/patch` on Leases
@@ -36,6 +41,12 @@ use super::{
     FENCING_TOKEN_ANNOTATION, LOCK_LABEL, POD_UID_ANNOTATION, RELEASE_HASH_ANNOTATION, RELEASED_ANNOTATION,
     RELEASED_LABEL, REQUESTED_AT_ANNOTATION, WAIT_HASH_ANNOTATION, WAIT_LEASE_ANNOTATION,
 };
+
+/// The most bytes (as JSON) a write may make a claim: a claim its client writes,
+/// with the controller's annotations and the API server's managed fields, takes a few
+/// KiB; reviews of one this large stay far below what the webhook reads (its old and
+/// new object, each escaped to at most six times its size).
+pub const MAX_CLAIM_BYTES: usize = 64 * 1024;
 
 /// The path the webhook is served on.
 pub const ADMISSION_PATH: &str = "/v1/admit-lease";
@@ -126,6 +137,8 @@ pub enum Refusal {
     Stamped,
     /// A claim is created stating no positive lease.
     NoLease,
+    /// A write would leave a claim larger than [`MAX_CLAIM_BYTES`].
+    TooLarge(usize),
 }
 
 impl fmt::Display for Refusal {
@@ -161,6 +174,11 @@ impl fmt::Display for Refusal {
                 "leasehold: {FENCING_TOKEN_ANNOTATION} is written by controllers only, never added or changed"
             ),
             Refusal::NoLease => write!(f, "leasehold: a claim states a positive spec.leaseDurationSeconds"),
+            Refusal::TooLarge(bytes) => write!(
+                f,
+                "leasehold: a claim takes at most {MAX_CLAIM_BYTES} bytes as JSON (this write makes it {bytes}), \
+                 so that its admission reviews stay readable"
+            ),
         }
     }
 }
@@ -179,12 +197,25 @@ pub fn judge(
     if policy.is_client(user) && !was_claim && !is_claim_now {
         return Err(Refusal::NotAClaim);
     }
+    if let Some(new) = new.filter(|_| was_claim || is_claim_now) {
+        too_large(new)?;
+    }
     match (op, old, new) {
         (Operation::Create, _, Some(new)) if is_claim_now => created(new),
         (Operation::Update, Some(old), Some(new)) if was_claim => unchanged(user, old, new),
         (Operation::Update, Some(_), Some(_)) if is_claim_now => Err(Refusal::BecomesClaim),
         _ => Ok(()),
     }
+}
+
+/// Refused if `new` is larger than [`MAX_CLAIM_BYTES`] (a claim padded before this
+/// rule existed can no longer be written: renewals fail, and its client claims anew).
+fn too_large(new: &Lease) -> Result<(), Refusal> {
+    let size = serde_json::to_vec(new).map_or(usize::MAX, |v| v.len());
+    if size > MAX_CLAIM_BYTES {
+        return Err(Refusal::TooLarge(size));
+    }
+    Ok(())
 }
 
 /// Whether a Lease is a claim: it carries the lock label (any value: an emptied label
@@ -337,6 +368,42 @@ mod tests {
             "a release retried"
         );
         assert_eq!(judge(&policy, Operation::Delete, CLIENT, Some(&released), None), Ok(()));
+    }
+
+    /// A padded claim's every later review would be too large for the webhook to read
+    /// (and let through unjudged under `failurePolicy: Ignore`): no write may pad one.
+    #[test]
+    fn no_write_makes_a_claim_larger_than_its_reviews_can_carry() {
+        let c = claim();
+        let owner = c.owner_references()[0].clone();
+        let pad = |n: usize| {
+            let other = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "<".repeat(n), "uid": "x"});
+            serde_json::json!({"metadata": {"ownerReferences": [owner, other]}})
+        };
+        assert_eq!(update(ADMIN, &c, pad(1000)), Ok(()), "a foreign owner of a sane size");
+        for user in [CLIENT, ADMIN] {
+            let refused = update(user, &c, pad(MAX_CLAIM_BYTES));
+            assert!(
+                matches!(refused, Err(Refusal::TooLarge(n)) if n > MAX_CLAIM_BYTES),
+                "{refused:?}"
+            );
+            let padded = serde_json::json!({"metadata": {"annotations": {"x": "<".repeat(MAX_CLAIM_BYTES)}}});
+            assert!(matches!(update(user, &c, padded), Err(Refusal::TooLarge(_))));
+        }
+        let mut big = claim();
+        big.annotations_mut().insert("x".into(), "y".repeat(MAX_CLAIM_BYTES));
+        let created = judge(&Policy::default(), Operation::Create, CLIENT, None, Some(&big));
+        assert!(matches!(created, Err(Refusal::TooLarge(_))), "{created:?}");
+        // One padded before the rule is written no more (its renewals fail).
+        let renewed = update(CLIENT, &big, renew_patch(Some("uid-1")));
+        assert!(matches!(renewed, Err(Refusal::TooLarge(_))), "{renewed:?}");
+        // Not a claim: not this rule's (nor the webhook's) business.
+        let mut other = leader_lease();
+        other.annotations_mut().insert("x".into(), "y".repeat(MAX_CLAIM_BYTES));
+        assert_eq!(
+            judge(&Policy::default(), Operation::Create, ADMIN, None, Some(&other)),
+            Ok(())
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The admission webhook (`controller::admission`) on the real API server: a URL
 //! webhook on loopback (the harness's API server reaches it there), failing closed
-//! (`failurePolicy: Fail`, so every claim write of the test went through it), scoped to
+//! (`failurePolicy: Fail`, so every claim write of the test went through it; `Ignore`,
+//! the chart's default, where a test shows what a failed call would let through), scoped to
 //! the test's namespace by a label. A neighbour with the client Role tries what
 //! `neighbour.rs` shows it could do without the webhook; each is refused with its
 //! reason, while the lock keeps working for clients acting as that same Role.
@@ -86,7 +87,7 @@ fn certificates(dir: &Path) {
 
 /// The webhook served by an in-process controller for `ns`, registered with the API
 /// server for `ns` alone; returns the controller and the configuration's name.
-async fn controller_with_webhook(ns: &TestNs, dir: &Path) -> (Running, String) {
+async fn controller_with_webhook(ns: &TestNs, dir: &Path, failure_policy: &str) -> (Running, String) {
     certificates(dir);
     let port = free_port();
     let opts = leasehold::controller::Options {
@@ -117,7 +118,7 @@ async fn controller_with_webhook(ns: &TestNs, dir: &Path) -> (Running, String) {
             "rules": [{"apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"],
                        "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["leases"]}],
             "namespaceSelector": {"matchLabels": {"leasehold.dev/webhook-test": &ns.name}},
-            "failurePolicy": "Fail",
+            "failurePolicy": failure_policy,
             "sideEffects": "None",
             "admissionReviewVersions": ["v1"],
             "timeoutSeconds": 5,
@@ -164,7 +165,7 @@ async fn the_webhook_refuses_each_neighbour_tampering_by_its_reason_and_the_lock
     let neighbour = ns.as_lock_user().await;
     let dir = std::env::temp_dir().join(&ns.name);
     std::fs::create_dir_all(&dir).unwrap();
-    let (_c, config) = controller_with_webhook(&ns, &dir).await;
+    let (_c, config) = controller_with_webhook(&ns, &dir, "Fail").await;
     ns.lock("l", spec(15)).await;
     let leader: Lease = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "app-leader"}, "spec": {"holderIdentity": "app-0", "leaseDurationSeconds": 15}
@@ -227,6 +228,64 @@ async fn the_webhook_refuses_each_neighbour_tampering_by_its_reason_and_the_lock
     assert_eq!(g.claim(), cb, "b is granted on the claim it made");
     g.release().await.unwrap();
     ns.wait_lock("l", "b released", |l| holders(l).is_empty()).await;
+    let configs: Api<ValidatingWebhookConfiguration> = Api::all(ns.client.clone());
+    configs.delete(&config, &DeleteParams::default()).await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A neighbour pads a claim with a foreign ownerReference whose name the API server
+/// JSON-escapes to six bytes a character (`<` is `\u003c`), so that every later review
+/// of it (the old object and the new) is larger than the webhook reads: under the
+/// chart's default `failurePolicy: Ignore` the next change then went through unjudged.
+/// The padding is refused now, and the claim's identity stays fixed.
+#[tokio::test]
+async fn a_claim_cannot_be_padded_past_what_its_reviews_can_carry() {
+    let ns = TestNs::new("webhook-pad").await;
+    let neighbour = ns.as_lock_user().await;
+    let dir = std::env::temp_dir().join(&ns.name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (_c, config) = controller_with_webhook(&ns, &dir, "Ignore").await;
+    ns.lock("l", spec(15)).await;
+    let lock = Lock::builder(neighbour.clone(), &ns.name, "l")
+        .identity(ns.pod("a").await)
+        .build()
+        .unwrap();
+    let held = lock.acquire().await.unwrap();
+    let claim = held.claim().to_string();
+    // What the neighbour's watch of Leases shows it: the claim's Pod reference.
+    let owner = leases(&ns)
+        .get(&claim)
+        .await
+        .unwrap()
+        .metadata
+        .owner_references
+        .unwrap()[0]
+        .clone();
+    let foreign =
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "<".repeat(1_450_000), "uid": "x"});
+    let api: Api<Lease> = Api::namespaced(neighbour.clone(), &ns.name);
+    let patch = |body: serde_json::Value| {
+        let api = api.clone();
+        let claim = claim.clone();
+        async move {
+            let patched = api.patch(&claim, &PatchParams::default(), &Patch::Merge(&body)).await;
+            patched.map(|_| ()).map_err(|e| e.to_string())
+        }
+    };
+    let padded = patch(serde_json::json!({"metadata": {"ownerReferences": [owner, foreign]}})).await;
+    let repointed = patch(serde_json::json!({"metadata": {"annotations": {"leasehold.dev/pod-uid": "n"}}})).await;
+    assert!(
+        padded.as_ref().is_err_and(|e| e.contains("at most")),
+        "the padding: {padded:?}; then the pod UID changed: {repointed:?}"
+    );
+    assert!(
+        repointed.as_ref().is_err_and(|e| e.contains("fixed at creation")),
+        "{repointed:?}"
+    );
+    // The holder renewed through it all, and releases.
+    assert!(!held.is_lost());
+    held.release().await.unwrap();
+    ns.wait_lock("l", "a released", |l| holders(l).is_empty()).await;
     let configs: Api<ValidatingWebhookConfiguration> = Api::all(ns.client.clone());
     configs.delete(&config, &DeleteParams::default()).await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
@@ -456,7 +515,7 @@ async fn the_controller_tells_whether_the_api_server_enforces_its_webhook() {
     );
     let dir = std::env::temp_dir().join(&ns.name);
     std::fs::create_dir_all(&dir).unwrap();
-    let (_c, config) = controller_with_webhook(&ns, &dir).await;
+    let (_c, config) = controller_with_webhook(&ns, &dir, "Fail").await;
     assert_eq!(enforced().await, Some(true), "the webhook refused the dry-run claim");
     let configs: Api<ValidatingWebhookConfiguration> = Api::all(ns.client.clone());
     configs.delete(&config, &DeleteParams::default()).await.unwrap();
