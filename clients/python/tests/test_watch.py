@@ -122,6 +122,33 @@ def test_a_refused_claim_watch_is_not_made_again(monkeypatch):
     assert leases.watches == 1
 
 
+class _CreatingLeases:
+    """Leases that take every create, keeping what was sent."""
+
+    def __init__(self):
+        self.bodies = []
+
+    def create_namespaced_lease(self, namespace, body, **_kwargs):
+        self.bodies.append((namespace, body))
+        return _Response({"metadata": {"uid": "u"}})
+
+
+class _Response:
+    def __init__(self, obj):
+        self.data = json.dumps(obj).encode()
+
+
+def test_a_watch_refused_in_one_namespace_leaves_claims_in_another_asking_for_grants_on_them(monkeypatch):
+    monkeypatch.setattr(_kube, "_claim_watch_refused", set())
+    monkeypatch.setattr(_kube.KubeClaim, "_patch", lambda self, body, timeout: {})
+    _claim(_FailingLeases(100, 403)).watch_self(lambda _lease: True, lambda: True, lambda _r: None)
+    creating = _CreatingLeases()
+    for namespace in ("ns", "other"):
+        _kube.KubeClaim.create(creating, "l", p.PodIdentity("p", namespace, "u"), 15)  # type: ignore[arg-type]
+    asks = {ns: p.GRANT_WATCH_ANNOTATION in body["metadata"]["annotations"] for ns, body in creating.bodies}
+    assert asks == {"ns": False, "other": True}, "refused in ns only: its Role says nothing of other's"
+
+
 def test_the_wait_before_a_watch_is_made_again_grows_to_five_seconds_jittered():
     for failures, step in [(0, 0.2), (1, 0.4), (2, 0.8), (3, 1.6), (4, 3.2), (5, 5.0), (50, 5.0)]:
         for _ in range(20):

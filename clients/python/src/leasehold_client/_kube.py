@@ -18,7 +18,7 @@ import random
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import urllib3
 
@@ -37,9 +37,10 @@ MERGE_PATCH = "application/merge-patch+json"
 #: How long one watch of a designated claim lasts before it is made anew (a stopped
 #: wait's watch ends at its next event, or then).
 CLAIM_WATCH_SECONDS = 60
-#: Set once this process was refused a watch of its claim (a client Role without
-#: ``watch`` on Leases): its claims ask for no grant written on them from then on.
-_claim_watch_refused = threading.Event()
+#: The namespaces where this process was refused a watch of its claim (a client Role
+#: there without ``watch`` on Leases): its claims there ask for no grant written on them
+#: from then on. Per namespace, as Roles are: a refusal in one says nothing of another.
+_claim_watch_refused: Set[str] = set()
 
 
 #: Seconds a connection is idle before the first keepalive probe.
@@ -279,7 +280,7 @@ class KubeClaim:
         name = p.claim_name(lock)
         secret = p.Secret()
         body = p.claim_lease(name, lock, pod, lease_seconds, secret)
-        if _claim_watch_refused.is_set():
+        if pod.namespace in _claim_watch_refused:
             del body["metadata"]["annotations"][p.GRANT_WATCH_ANNOTATION]
         sent = time.monotonic()
         try:
@@ -375,7 +376,7 @@ class KubeClaim:
         """Refused a watch of the claim: take its ask for a grant written on it back (the
         controller would write it, and put its status write off, for nothing), and ask on
         no later claim of this process."""
-        _claim_watch_refused.set()
+        _claim_watch_refused.add(self.namespace)
         log.info(
             "the client Role may not watch Leases: grants come by the lock's status "
             "(grant it watch on leases for faster handoffs without release notices)"
