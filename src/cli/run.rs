@@ -111,6 +111,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     eprintln!("leasehold: holding lock {} with fencing token {token}", args.lock);
     if guard.is_lost() {
         eprintln!("leasehold: the grant was lost before the command started");
+        // CMD never ran: give the claim back now (a guard dropped would try it in a
+        // task the runtime's end may cut short, leaving the slot to expire).
+        let _ = guard.release().await;
         return Ok(ExitCode::from(EXIT_LOST));
     }
     let mut started = match pending.start(&[("LEASEHOLD_FENCING_TOKEN", &token.to_string())]) {

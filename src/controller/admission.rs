@@ -33,12 +33,14 @@ use crate::protocol::admission::{ADMISSION_PATH, Operation, Policy, judge};
 
 /// How long a TLS handshake may take before its connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The largest AdmissionReview taken. A claim's reviews stay far below it: no write may
-/// leave a claim over [`crate::protocol::admission::MAX_CLAIM_BYTES`], since a claim
-/// padded near the API server's largest object (1.5 MiB, escaped to as much as six
-/// times that in a review's JSON) would have every later review of it refused here,
-/// and with `failurePolicy: Ignore` its next change go through unjudged.
-pub const MAX_REVIEW_BYTES: usize = 16 * 1024 * 1024;
+/// The largest AdmissionReview taken: two objects at the API server's largest (1.5 MiB
+/// stored, escaped to as much as six times that in a review's JSON: a `<` is written
+/// `\u003c`), and room for the rest. Any review the API server can send is read, so
+/// none is refused here, which under `failurePolicy: Ignore` would let its write
+/// through unjudged: a Lease padded before it carried the lock label, say, and then
+/// labelled. (A claim's reviews stay far smaller: no judged write may leave one over
+/// [`crate::protocol::admission::MAX_CLAIM_BYTES`].)
+pub const MAX_REVIEW_BYTES: usize = 24 * 1024 * 1024;
 
 /// Where and how to serve the webhook.
 #[derive(Clone, Debug)]

@@ -282,6 +282,23 @@ async fn a_claim_cannot_be_padded_past_what_its_reviews_can_carry() {
         repointed.as_ref().is_err_and(|e| e.contains("fixed at creation")),
         "{repointed:?}"
     );
+    // Nor by padding a Lease before it is a claim (no webhook needs to see that write
+    // where the client accounts are not confined; here the admin makes it) and then
+    // adding the lock label: that review carries two padded objects, 17.4 MB.
+    let mut other: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "app-padded"}, "spec": {"holderIdentity": "app-0"}
+    }))
+    .unwrap();
+    let padding = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "<".repeat(1_450_000), "uid": "y"});
+    other.metadata.owner_references = Some(vec![serde_json::from_value(padding).unwrap()]);
+    leases(&ns).create(&PostParams::default(), &other).await.unwrap();
+    let label = serde_json::json!({"metadata": {"labels": {LOCK_LABEL: "l"}}});
+    let labelled = api.patch("app-padded", &PatchParams::default(), &Patch::Merge(&label)).await;
+    assert!(
+        matches!(&labelled, Err(kube::Error::Api(e)) if e.message.contains("leases.leasehold.dev")),
+        "a padded Lease became a claim: {:?}",
+        labelled.map(|_| "labelled").map_err(|e| e.to_string())
+    );
     // The holder renewed through it all, and releases.
     assert!(!held.is_lost());
     held.release().await.unwrap();
