@@ -289,11 +289,14 @@ async fn a_claim_cannot_be_padded_past_what_its_reviews_can_carry() {
         "metadata": {"name": "app-padded"}, "spec": {"holderIdentity": "app-0"}
     }))
     .unwrap();
-    let padding = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "<".repeat(1_450_000), "uid": "y"});
+    let padding =
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "<".repeat(1_450_000), "uid": "y"});
     other.metadata.owner_references = Some(vec![serde_json::from_value(padding).unwrap()]);
     leases(&ns).create(&PostParams::default(), &other).await.unwrap();
     let label = serde_json::json!({"metadata": {"labels": {LOCK_LABEL: "l"}}});
-    let labelled = api.patch("app-padded", &PatchParams::default(), &Patch::Merge(&label)).await;
+    let labelled = api
+        .patch("app-padded", &PatchParams::default(), &Patch::Merge(&label))
+        .await;
     assert!(
         matches!(&labelled, Err(kube::Error::Api(e)) if e.message.contains("leases.leasehold.dev")),
         "a padded Lease became a claim: {:?}",

@@ -180,6 +180,75 @@ async fn a_claim_changed_after_its_read_back_and_before_it_was_queued_is_refused
     g.release().await.unwrap();
 }
 
+/// As above, with sixteen older invalid claims of another pod already refused: the
+/// status lists no more refusals than that, so b's `InvalidClaim` goes unlisted, and b,
+/// its one read-back done, waited on for ever. Now it reads its unplaced claim back
+/// again (5 s after the first, then less and less often), and claims anew.
+#[tokio::test]
+async fn a_claim_changed_after_its_read_back_whose_refusal_goes_unlisted_is_read_back_again() {
+    use leasehold::client::WaitEvent;
+    use leasehold::decide::MAX_REFUSED_LISTED;
+
+    let ns = TestNs::new("nb-unlisted").await;
+    let neighbour = ns.as_lock_user().await;
+    ns.lock("l", spec(15)).await;
+    let n = ns.pod("n").await;
+    // Older, and named before any claim b makes: listed first, in name or arrival order.
+    for i in 0..MAX_REFUSED_LISTED {
+        let mut c = leasehold::protocol::claim::claim_lease(&format!("l-{i:012x}"), "l", &n, 15);
+        c.metadata.namespace = Some(ns.name.clone());
+        let uid = c
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .get_mut("leasehold.dev/pod-uid")
+            .unwrap();
+        *uid = "not-n".into();
+        leases(&ns).create(&PostParams::default(), &c).await.unwrap();
+    }
+    let (told, mut unqueued) = tokio::sync::mpsc::unbounded_channel();
+    let lock_b = Lock::builder(ns.client.clone(), &ns.name, "l")
+        .identity(ns.pod("b").await)
+        .on_wait_event(move |e| {
+            if matches!(e, WaitEvent::Unqueued { .. }) {
+                let _ = told.send(());
+            }
+        })
+        .build()
+        .unwrap();
+    let before: Vec<String> = claim_names(&ns).await;
+    let waiting = tokio::spawn(async move { lock_b.acquire().await });
+    tokio::time::timeout(DEADLINE, unqueued.recv())
+        .await
+        .expect("b tells it is unplaced");
+    let cb = claim_names(&ns)
+        .await
+        .into_iter()
+        .find(|c| !before.contains(c))
+        .expect("b's claim");
+    let other_uid = serde_json::json!({"metadata": {"annotations": {"leasehold.dev/pod-uid": "not-b"}}});
+    neighbour_patch(&neighbour, &ns, &cb, other_uid).await;
+    let _c = spawn_controller(&ns, "nb-unlisted");
+    let l = ns
+        .wait_lock("l", "the older refusals listed", |l| {
+            l.status.as_ref().is_some_and(|s| s.refused.len() == MAX_REFUSED_LISTED)
+        })
+        .await;
+    let listed = l.status.unwrap().refused;
+    assert!(
+        listed.iter().all(|r| r.claim != cb),
+        "b's refusal is not listed: {listed:?}"
+    );
+    let g = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("b is granted under a new claim, not left waiting on one no status lists")
+        .unwrap()
+        .unwrap();
+    assert_ne!(g.claim(), cb);
+    g.release().await.unwrap();
+}
+
 /// A claim's lease raised to an hour before its lock recorded it: the record carried the
 /// hour, its client accepted a lease longer than its own, and a slot it held was held
 /// back an hour once revoked. Now its client claims anew, recorded with its own lease.

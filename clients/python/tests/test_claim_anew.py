@@ -46,3 +46,9 @@ def test_a_cancel_ends_the_pause():
     with pytest.raises(Cancelled):
         _pause_before_claim(8, _Mode("wait"), cancelled)
     assert time.monotonic() - started < 2.0
+
+
+def test_an_unplaced_claim_is_read_back_again_less_and_less_often_to_a_minute():
+    from leasehold_client.lock import read_back_wait
+
+    assert [read_back_wait(n) for n in range(7)] == [5.0, 10.0, 20.0, 40.0, 60.0, 60.0, 60.0]

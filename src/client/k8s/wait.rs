@@ -104,6 +104,9 @@ struct Wait<'a> {
     refused: Option<RefuseReason>,
     /// Whether a status has named the claim (queued, or held).
     was_placed: bool,
+    /// When to read the claim back again while it stays unplaced after the notice
+    /// time, and how many times it was read back since.
+    read_back_at: (Option<Instant>, u32),
     /// Where release notices go, as the latest status said.
     notices_to: Option<NoticeTarget>,
 }
@@ -129,6 +132,7 @@ pub(super) async fn wait_grant(
         direct: DirectWait::watching(claim.watches()),
         refused: None,
         was_placed: false,
+        read_back_at: (None, 0),
         notices_to: None,
     };
     let until = request.mode.until();
@@ -153,11 +157,24 @@ pub(super) async fn wait_grant(
                 Some(ended) => return ended,
                 None => continue,
             },
+            _ = at(wait.read_back_at.0) => match wait.read_back_again().await {
+                Some(ended) => return ended,
+                None => continue,
+            },
         };
         if let Some(ended) = wait.seen(&lock).await {
             return ended;
         }
     }
+}
+
+/// How long after its `n`th read-back past the notice time an unplaced claim is read
+/// back again: [`UNQUEUED_NOTICE`], doubling to a minute (one GET a minute at most for a
+/// claim no controller places, as while none runs).
+fn read_back_wait(n: u32) -> std::time::Duration {
+    UNQUEUED_NOTICE
+        .saturating_mul(1 << n.min(4))
+        .min(std::time::Duration::from_secs(60))
 }
 
 /// Completes at `t`; never when there is none.
@@ -211,24 +228,46 @@ impl Wait<'_> {
     /// notice time may come first when it resumes): [`Outcome::Vanished`]. `Some` when
     /// that ends the wait.
     async fn notice_due(&mut self) -> Option<Result<Outcome, Error>> {
-        match self.claim.stored().await {
-            Some(Some(stored)) => {
-                if let Some(field) = record::claim_differs(&stored, &self.wrote, self.request.name) {
-                    self.direct.stop();
-                    return Some(Ok(Outcome::Tampered(field)));
-                }
-            }
-            Some(None) if self.refused.is_none() => {
-                self.direct.stop();
-                return Some(Ok(Outcome::Vanished));
-            }
-            _ => {}
+        if let Some(ended) = self.read_back().await {
+            return Some(ended);
         }
         if let Some(reason) = self.refused {
             return Some(Err(self.refusal(reason))); // still refused: no passing state
         }
-        self.progress.notice_due(Instant::now());
+        let now = Instant::now();
+        self.progress.notice_due(now);
+        self.read_back_at = (Some(now + read_back_wait(0)), 0);
         None
+    }
+
+    /// Still unplaced, unrefused, some time after the notice time: read the claim back
+    /// again (a refusal the status could not list, [`crate::decide::MAX_REFUSED_LISTED`]
+    /// others before it, would otherwise leave a claim changed after the first read-back
+    /// waiting for ever), then again later, less and less often.
+    async fn read_back_again(&mut self) -> Option<Result<Outcome, Error>> {
+        if let Some(ended) = self.read_back().await {
+            return Some(ended);
+        }
+        let n = self.read_back_at.1 + 1;
+        self.read_back_at = (Some(Instant::now() + read_back_wait(n)), n);
+        None
+    }
+
+    /// The claim as stored now: changed by someone else ([`Outcome::Tampered`]: claim
+    /// anew), or gone with no refusal seen ([`Outcome::Vanished`]) end the wait.
+    async fn read_back(&mut self) -> Option<Result<Outcome, Error>> {
+        match self.claim.stored().await {
+            Some(Some(stored)) => {
+                let field = record::claim_differs(&stored, &self.wrote, self.request.name)?;
+                self.direct.stop();
+                Some(Ok(Outcome::Tampered(field)))
+            }
+            Some(None) if self.refused.is_none() => {
+                self.direct.stop();
+                Some(Ok(Outcome::Vanished))
+            }
+            _ => None,
+        }
     }
 
     /// A status of the lock: `Some` when it ends the wait.
@@ -281,6 +320,9 @@ impl Wait<'_> {
             return Some(Ok(Outcome::Dropped));
         }
         self.was_placed |= placed;
+        if placed {
+            self.read_back_at = (None, 0);
+        }
         self.refused = if placed { None } else { listed.or(self.refused) };
         let reason = self
             .refused
@@ -302,5 +344,17 @@ impl Wait<'_> {
     /// (`None` also when it cannot be read).
     async fn changed(&self) -> Option<Tampered> {
         record::claim_differs(&self.claim.stored().await??, &self.wrote, self.request.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn an_unplaced_claim_is_read_back_again_less_and_less_often_to_a_minute() {
+        let waits: Vec<u64> = (0..7).map(|n| super::read_back_wait(n).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 60, 60, 60]);
+        assert_eq!(super::read_back_wait(u32::MAX), Duration::from_secs(60));
     }
 }

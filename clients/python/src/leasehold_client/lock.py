@@ -425,6 +425,12 @@ def _withdraw(session: Optional[Session], claim: _kube.KubeClaim) -> None:
         log.warning("claim %s: withdrawing failed (%s); it will expire", claim.name, e)
 
 
+def read_back_wait(n: int) -> float:
+    """Seconds after its ``n``-th read-back past the notice time an unplaced claim is read
+    back again: ``UNQUEUED_NOTICE``, doubling to a minute (as the Rust client)."""
+    return min(p.UNQUEUED_NOTICE * 2 ** min(n, 4), 60.0)
+
+
 class _Wait:
     """What one waiting claim has learnt so far."""
 
@@ -446,6 +452,10 @@ class _Wait:
         self.notices_to: Optional[NoticeTarget] = None
         self.unplaced_since: Optional[float] = self.started if exists else None
         self.settled = False
+        #: When to read the claim back again while it stays unplaced after the notice
+        #: time, and how many times it was read back since.
+        self.read_back_at: Optional[float] = None
+        self.read_backs = 0
         self.queued: Optional[Tuple[int, List[str]]] = None
 
     def run(self) -> Tuple[str, int]:
@@ -461,7 +471,11 @@ class _Wait:
                 ended = self._notice_due()
                 if ended:
                     return ended
-            deadlines = [t for t in (self.mode.until, self._notice_at()) if t is not None]
+            if self.read_back_at is not None and now >= self.read_back_at:
+                ended = self._read_back_again()
+                if ended:
+                    return ended
+            deadlines = [t for t in (self.mode.until, self._notice_at(), self.read_back_at) if t is not None]
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             try:
                 kind, value = self.events.get(timeout=timeout)
@@ -538,6 +552,8 @@ class _Wait:
             log.warning("claim %s left the queue without a grant: claiming anew", name)
             return ("dropped", 0)
         self.was_placed |= placed
+        if placed:
+            self.read_back_at = None
         self.refused = None if placed else (listed or self.refused)
         reason = self.refused
         if reason is None:
@@ -553,6 +569,35 @@ class _Wait:
         raise Refused(self.lock.name, name, reason)
 
     def _notice_due(self) -> Optional[Tuple[str, int]]:
+        ended = self._read_back()
+        if ended:
+            return ended
+        if self.refused is not None:
+            raise Refused(self.lock.name, self.claim.name, self.refused)
+        log.warning(
+            "claim %s: no controller has placed it after %.0f s: is the leasehold controller running?",
+            self.claim.name,
+            p.UNQUEUED_NOTICE,
+        )
+        self.settled, self.unplaced_since = True, None
+        self.read_back_at, self.read_backs = time.monotonic() + read_back_wait(0), 0
+        return None
+
+    def _read_back_again(self) -> Optional[Tuple[str, int]]:
+        """Still unplaced, unrefused, some time after the notice time: read the claim back
+        again (a refusal the status could not list, 16 others before it, would otherwise
+        leave a claim changed after the first read-back waiting for ever), then again
+        later, less and less often."""
+        ended = self._read_back()
+        if ended:
+            return ended
+        self.read_backs += 1
+        self.read_back_at = time.monotonic() + read_back_wait(self.read_backs)
+        return None
+
+    def _read_back(self) -> Optional[Tuple[str, int]]:
+        """The claim as stored now: changed by someone else (``tampered``: claim anew), or
+        gone with no refusal seen (``vanished``) end the wait."""
         readable, stored = self.claim.stored()
         if readable and stored is not None:
             if p.claim_differs(stored, self.wrote, self.lock.name):
@@ -569,14 +614,6 @@ class _Wait:
                 self.claim.name,
             )
             return ("vanished", 0)
-        if self.refused is not None:
-            raise Refused(self.lock.name, self.claim.name, self.refused)
-        log.warning(
-            "claim %s: no controller has placed it after %.0f s: is the leasehold controller running?",
-            self.claim.name,
-            p.UNQUEUED_NOTICE,
-        )
-        self.settled, self.unplaced_since = True, None
         return None
 
     def _progress(self, status: p.Status) -> None:

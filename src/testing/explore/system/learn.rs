@@ -3,7 +3,9 @@
 //! status no longer names the claim it once placed; a status refuses it (it reads the
 //! claim back: changed by someone else, it withdraws and claims anew; else it gives up
 //! with the refusal); or, once, at its notice time, it reads its unplaced claim back
-//! and finds it changed or gone. Each ends its wait: it withdraws the claim and claims
+//! and finds it changed or gone. (The real client reads an unplaced claim back again
+//! and again, less and less often; the model's reads it back once, which only makes
+//! the liveness it checks harder to keep: the listed refusal must do the rest.) Each ends its wait: it withdraws the claim and claims
 //! anew, or (refused, its claim as it wrote it) gives up. Without these, a waiter whose
 //! claim a neighbour changed before the lock recorded it could wait for ever unseen:
 //! [`super::settle`] requires each such waiter to be granted or to learn.
