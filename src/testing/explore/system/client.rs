@@ -52,6 +52,8 @@ pub(super) struct Client {
     pub read_back: bool,
     /// How many claims it made (idle after one: it claims anew).
     pub claims: u32,
+    /// It gave up waiting on a refusal of its claim as it wrote it.
+    pub gave_up: bool,
 }
 
 impl Client {
@@ -191,7 +193,12 @@ impl System {
         let rv = self.next_rv();
         let name = self.clients[i].claim.clone().unwrap_or_default();
         let Some(obj) = self.server.claims.get_mut(&name) else {
-            // Gone: someone deleted it (a forced release, or an expiry).
+            // Gone: someone deleted it (a forced release, or an expiry). A waiter told of
+            // no grant claims anew (the real one's claim is dropped); else it stops.
+            let c = &self.clients[i];
+            if c.phase == Phase::Waiting && !c.has_been_told() {
+                return self.claim_anew(i);
+            }
             return self.stop_process(i, now + safety_margin(lease));
         };
         (obj.renewals, obj.rv) = (obj.renewals + 1, rv);
@@ -217,7 +224,7 @@ impl System {
                 early,
                 "client {i}'s record was lowered though its claim was patched only after the lock recorded it"
             );
-            return self.release(i, None);
+            return self.claim_anew(i);
         }
         c.held = true;
         if !may_hold(now, c.valid_until, lease) {

@@ -83,6 +83,7 @@ impl System {
                     "client {i}'s claim, as it wrote it, is refused ({}) while its pod runs: a lost waiter",
                     reason.as_str()
                 );
+                self.clients[i].gave_up = true;
                 return self.release(i, None); // it gives up
             }
         }
@@ -90,7 +91,7 @@ impl System {
     }
 
     /// Client `i` withdraws its claim (never acted on) and goes back to claim anew.
-    fn claim_anew(&mut self, i: usize) {
+    pub(super) fn claim_anew(&mut self, i: usize) {
         self.release(i, None);
         self.clients[i].start_anew();
     }

@@ -33,10 +33,11 @@ impl System {
         c.phase == Phase::Idle && c.claims > 0 && open && self.server.pods.contains(&i)
     }
 
-    /// Whether client `i` is a waiter that must be granted or learn that its claim no
-    /// longer stands: as [`Self::must_be_granted`], its claim patched before the lock
-    /// recorded it, or made invalid at any time (the lock then drops it from its queue
-    /// and deletes it, as a neighbour may: the client's next renewal finds it gone).
+    /// Whether client `i` is a waiter that must be granted, on this claim or on one it
+    /// makes anew once it learns that this one no longer stands, unless it gives up on a
+    /// refusal: as [`Self::must_be_granted`], its claim patched before the lock recorded
+    /// it, or made invalid at any time (refused if unrecorded; a recorded one is dropped
+    /// from the queue and deleted, and the client's next renewal finds it gone).
     fn must_learn(&self, i: usize) -> bool {
         self.waits_on(i, |o| o.patched_early || o.uid_changed)
     }
@@ -91,12 +92,8 @@ impl System {
         let waiters: Vec<usize> = (0..s.clients.len()).filter(|i| s.must_be_granted(*i)).collect();
         let learners: Vec<usize> = (0..s.clients.len()).filter(|i| s.must_learn(*i)).collect();
         let deleting = s.server.lock.as_ref().is_some_and(|l| l.deleting);
-        // Told of a grant, or no longer waiting on the claim it waited on.
-        let first: Vec<Option<String>> = s.clients.iter().map(|c| c.claim.clone()).collect();
-        let learnt = |s: &System, i: usize| {
-            let c = &s.clients[i];
-            c.has_been_told() || c.phase != Phase::Waiting || c.claim != first[i]
-        };
+        // Told of a grant (on its claim, or on one made anew), or gave up on a refusal.
+        let learnt = |s: &System, i: usize| s.clients[i].has_been_told() || s.clients[i].gave_up;
         for _ in 0..ROUNDS {
             let granted = waiters.iter().all(|i| s.clients[*i].has_been_told());
             if granted && learners.iter().all(|i| learnt(&s, *i)) && !(deleting && s.server.lock.is_some()) {
@@ -117,7 +114,7 @@ impl System {
         let unaware = learners.iter().filter(|i| !learnt(&s, **i)).collect::<Vec<_>>();
         panic!(
             "does not settle: waiters {not:?} never granted, waiters {unaware:?} whose claims were changed \
-             never granted nor told{} after {ROUNDS} fair rounds; at the end: {:?}",
+             never granted on one (nor refused){} after {ROUNDS} fair rounds; at the end: {:?}",
             if deleting {
                 ", or the deleted lock never let go"
             } else {
