@@ -108,14 +108,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     let token = guard.fencing_token();
-    eprintln!("leasehold: holding lock {} with fencing token {token}", args.lock);
-    if guard.is_lost() {
-        eprintln!("leasehold: the grant was lost before the command started");
-        // CMD never ran: give the claim back now (a guard dropped would try it in a
-        // task the runtime's end may cut short, leaving the slot to expire).
-        let _ = guard.release().await;
-        return Ok(ExitCode::from(EXIT_LOST));
-    }
     let mut started = match pending.start(&[("LEASEHOLD_FENCING_TOKEN", &token.to_string())]) {
         Ok(started) => started,
         Err(e) => {
@@ -195,8 +187,22 @@ async fn handle(args: &RunArgs) -> anyhow::Result<(Lock, String)> {
     Ok((lock, namespace))
 }
 
+/// Granted `lock` under `guard`: say so, and give it back at once if it is lost already
+/// (CMD never ran; a guard dropped would try the release in a task the runtime's end
+/// may cut short, leaving the slot to expire).
+async fn holding(guard: Guard, lock: &str) -> Result<Guard, ExitCode> {
+    let token = guard.fencing_token();
+    eprintln!("leasehold: holding lock {lock} with fencing token {token}");
+    if !guard.is_lost() {
+        return Ok(guard);
+    }
+    eprintln!("leasehold: the grant was lost before the command started");
+    let _ = guard.release().await;
+    Err(ExitCode::from(EXIT_LOST))
+}
+
 /// Acquire as `args` say: the guard, or the exit status when the lock is not granted
-/// (taken, or not in time).
+/// (taken, or not in time, or lost before CMD could start).
 async fn acquire(lock: &Lock, args: &RunArgs, namespace: &str) -> anyhow::Result<Result<Guard, ExitCode>> {
     let acquired = match (args.try_only, args.timeout) {
         (true, _) => lock.try_acquire().await,
@@ -205,7 +211,7 @@ async fn acquire(lock: &Lock, args: &RunArgs, namespace: &str) -> anyhow::Result
     };
     let not_run = Err(ExitCode::from(args.timeout_exit_code));
     match acquired {
-        Ok(Some(g)) => Ok(Ok(g)),
+        Ok(Some(g)) => Ok(holding(g, &args.lock).await),
         Ok(None) => {
             eprintln!(
                 "leasehold: lock {} is taken (--try): not running the command",
