@@ -74,12 +74,17 @@ pub(crate) enum Mutant {
     /// a claim changed (its pod UID, say) after its client read it back at its notice
     /// time and before the lock placed it leaves the client waiting for ever.
     InvalidClaimUnlisted,
+    /// The etcd controller moves a held-back key onto a lease it granted and keeps that
+    /// lease alive no more: etcd counts its TTL from the grant, so a move that lands
+    /// late (a slow disk) ends the hold-back before a process that renewed until the
+    /// move is certainly dead.
+    EtcdNoKeepAliveAfterMove,
 }
 
 #[cfg_attr(not(test), allow(dead_code))]
 impl Mutant {
     /// Every mutant, in the order they were added.
-    pub(crate) const ALL: [Mutant; 23] = [
+    pub(crate) const ALL: [Mutant; 24] = [
         Mutant::PodGoneAsStopped,
         Mutant::ForgedAsReleased,
         Mutant::DeletedClaimFreesAtOnce,
@@ -103,6 +108,7 @@ impl Mutant {
         Mutant::DirectGrantBesideHolders,
         Mutant::RecordLongerLease,
         Mutant::InvalidClaimUnlisted,
+        Mutant::EtcdNoKeepAliveAfterMove,
     ];
 
     /// Whether the decide core's world model (`decide::explore`) can show it; the
@@ -127,6 +133,7 @@ impl Mutant {
                 | Mutant::DirectGrantBesideHolders
                 | Mutant::RecordLongerLease
                 | Mutant::InvalidClaimUnlisted
+                | Mutant::EtcdNoKeepAliveAfterMove
         )
     }
 }

@@ -191,7 +191,9 @@ pub fn etcd_claim_ttl(lease: Duration) -> i64 {
 /// etcd backend, controller side: the TTL, in whole seconds, of the controller's lease
 /// that a claim key is moved onto when its pod is gone but may still run: the longer
 /// of the lock's and the claim's lease plus [`EXPIRY_GRACE`], rounded up, counted from
-/// the move. The key keeps its place (its create revision) until then.
+/// the move: etcd counts it from the grant, so the controller keeps the lease alive
+/// once the move has landed (`controller::etcd::revoke`). The key keeps its place (its
+/// create revision) until then.
 pub fn etcd_hold_back_ttl(spec_lease: Duration, claim_lease: Duration) -> i64 {
     let lease = if crate::mutant::on(crate::mutant::Mutant::HoldBackBySpecLease) {
         spec_lease // the lock's lease alone, however long the claim's

@@ -192,6 +192,15 @@ impl revoke::KeyIo for LiveKeys {
         Ok(granted.map_err(|e| EtcdError::Revoke(key.into(), e))?.id())
     }
 
+    async fn keep_alive(&self, key: &str, id: i64) -> Result<(), EtcdError> {
+        let refresh = async {
+            let (mut keeper, mut answers) = self.etcd.clone().lease_keep_alive(id).await?;
+            keeper.keep_alive().await?;
+            answers.message().await.map(drop)
+        };
+        refresh.await.map_err(|e| EtcdError::Revoke(key.into(), e))
+    }
+
     async fn revoke_lease(&self, key: &str, id: i64) -> Result<(), EtcdError> {
         let revoked = self.etcd.clone().lease_revoke(id).await;
         revoked.map(drop).map_err(|e| EtcdError::Revoke(key.into(), e))

@@ -9,9 +9,12 @@
 //! * a deletion is one etcd Txn under the key's `mod_revision` as the mirror saw it;
 //! * a hold-back grants a controller lease, moves the key onto it in one Txn under the
 //!   key's `mod_revision` (a key gone or changed meanwhile is left alone, the lease
-//!   given back), and only then revokes the client's lease: revoking it first would
-//!   delete the key, and the waiter behind would grant itself while the process of a
-//!   force-deleted pod may still run.
+//!   given back), keeps that lease alive once (etcd counts its TTL from the grant, and
+//!   the process may have renewed until the move landed: a move slower than the 2 s
+//!   grace would end the hold-back before the process is certainly dead), and only
+//!   then revokes the client's lease: revoking it first would delete the key, and the
+//!   waiter behind would grant itself while the process of a force-deleted pod may
+//!   still run.
 
 use std::future::Future;
 
@@ -28,6 +31,8 @@ pub trait KeyIo {
     fn pod_uid(&self, pod: &str) -> impl Future<Output = Result<Option<String>, String>> + Send;
     /// Grant a controller lease of `ttl_seconds`: its ID.
     fn grant_lease(&self, key: &str, ttl_seconds: i64) -> impl Future<Output = Result<i64, Error>> + Send;
+    /// Keep lease `id` alive once: its TTL counts afresh from now.
+    fn keep_alive(&self, key: &str, id: i64) -> impl Future<Output = Result<(), Error>> + Send;
     /// Revoke lease `id` (its keys go with it).
     fn revoke_lease(&self, key: &str, id: i64) -> impl Future<Output = Result<(), Error>> + Send;
     /// Delete `key` if its mod revision is `if_revision` (any, when `None`): whether it did.
@@ -143,6 +148,9 @@ async fn take_one(io: &impl KeyIo, a: &KeyAction) -> Result<Option<Action>, Erro
             if !io.put(key, guard(*mod_revision), value, lease).await? {
                 let _ = io.revoke_lease(key, lease).await; // the key changed meanwhile: look again
                 return Ok(None);
+            }
+            if !mutant(Mutant::EtcdNoKeepAliveAfterMove) {
+                io.keep_alive(key, lease).await?;
             }
             tracing::warn!(
                 claim,

@@ -58,6 +58,10 @@ enum Event {
     /// The controller's turn: the rules on its mirror and cache, then the shipped
     /// orchestration against etcd and the pod API.
     Controller,
+    /// The controller's turn, each key it moves landing [`PUT_DELAY`] seconds after the
+    /// lease it moves the key onto was granted (a slow disk; the key's process renewed
+    /// meanwhile, as late as the move).
+    SlowController,
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -69,6 +73,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => any::<usize>().prop_map(Event::Notices),
         1 => any::<usize>().prop_map(Event::HoldBackEnds),
         3 => Just(Event::Controller),
+        1 => Just(Event::SlowController),
         3 => Just(Event::MirrorSees),
         3 => Just(Event::CacheSees),
         2 => any::<usize>().prop_map(Event::Renew),
@@ -89,6 +94,10 @@ struct Process {
     until: i64,
 }
 
+/// How long after its lease's grant a slow controller's move lands, in seconds: past
+/// the 2 s grace the hold-back's TTL has beyond the lease.
+const PUT_DELAY: i64 = 3;
+
 /// The lock's lease before and after [`Event::LowerLease`], in seconds.
 const HIGH_LEASE: i32 = 4;
 const LOW_LEASE: i32 = 1;
@@ -108,6 +117,10 @@ struct Model {
     lowered: bool,
     /// The controller's leases: when each runs out.
     leases: BTreeMap<i64, i64>,
+    /// The controller's leases' TTLs.
+    ttls: BTreeMap<i64, i64>,
+    /// How long before now the leases of the controller's turn were granted.
+    put_delay: i64,
     /// How many leases the controller was granted (their IDs count down from -1).
     granted: i64,
     /// The keys as the controller's mirror last saw them.
@@ -207,6 +220,11 @@ impl Model {
             Event::MirrorSees => self.mirror = self.keys.clone(),
             Event::CacheSees => self.cache = self.pods.clone(),
             Event::Controller => self.controller(max_holders),
+            Event::SlowController => {
+                self.put_delay = PUT_DELAY;
+                self.controller(max_holders);
+                self.put_delay = 0;
+            }
         }
     }
 
@@ -253,6 +271,7 @@ impl Model {
     fn revoke(&mut self, lease: i64) {
         self.keys.retain(|k| k.lease != lease);
         self.leases.remove(&lease);
+        self.ttls.remove(&lease);
     }
 
     /// The controller's turn: plan on the mirror and the pod cache, then take keys away
@@ -307,9 +326,21 @@ impl KeyIo for ModelIo<'_> {
         let mut m = self.model();
         m.granted += 1;
         let id = -m.granted;
-        let at = m.now + ttl_seconds;
+        let at = m.now - m.put_delay + ttl_seconds;
         m.leases.insert(id, at);
+        m.ttls.insert(id, ttl_seconds);
         Ok(id)
+    }
+
+    async fn keep_alive(&self, _key: &str, id: i64) -> Result<(), Error> {
+        let mut m = self.model();
+        let now = m.now;
+        if let Some(ttl) = m.ttls.get(&id).copied()
+            && let Some(at) = m.leases.get_mut(&id)
+        {
+            *at = now + ttl;
+        }
+        Ok(())
     }
 
     async fn revoke_lease(&self, _key: &str, id: i64) -> Result<(), Error> {
@@ -398,7 +429,7 @@ impl crate::testing::bfs::Machine for Bounded {
     type Step = Event;
     fn steps(&self) -> Vec<Event> {
         let Bounded(m, claims, _) = self;
-        let mut out = vec![Event::Check, Event::Controller];
+        let mut out = vec![Event::Check, Event::Controller, Event::SlowController];
         if m.mirror != m.keys {
             out.push(Event::MirrorSees);
         }
@@ -454,12 +485,14 @@ fn every_interleaving_within_the_bound_keeps_the_etcd_rules() {
 /// object gone taken for its process stopped; a held-back key kept by the lock's lease
 /// alone, short once the lock's lease is lowered below the claim's) and the controller's
 /// orchestration (a hold-back on the pod cache's word; a Txn without the key's mod
-/// revision; the client's lease revoked before the key is moved). Each is found.
+/// revision; the client's lease revoked before the key is moved; a moved key's lease
+/// not kept alive, its TTL counted from a grant the move landed long after). Each is
+/// found.
 #[test]
 fn the_etcd_model_finds_each_bug_put_back_with_its_trace() {
     use Mutant::{
-        EtcdClientLeaseRevokedFirst, EtcdHoldBackWithoutFreshRead, EtcdWriteWithoutRevision, HoldBackBySpecLease,
-        PodGoneAsStopped,
+        EtcdClientLeaseRevokedFirst, EtcdHoldBackWithoutFreshRead, EtcdNoKeepAliveAfterMove, EtcdWriteWithoutRevision,
+        HoldBackBySpecLease, PodGoneAsStopped,
     };
     for (bug, depth, broke) in [
         (PodGoneAsStopped, 10, "whose process may run"),
@@ -467,6 +500,7 @@ fn the_etcd_model_finds_each_bug_put_back_with_its_trace() {
         (EtcdHoldBackWithoutFreshRead, 10, "while pod p0 is there"),
         (EtcdWriteWithoutRevision, 10, "the controller made up key"),
         (EtcdClientLeaseRevokedFirst, 10, "processes act as holders"),
+        (EtcdNoKeepAliveAfterMove, 10, "while its process may act"),
     ] {
         let _on = crate::mutant::mutate(bug);
         let found = crate::testing::bfs::explore(Bounded(Model::default(), 3, 1), depth);
