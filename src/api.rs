@@ -115,8 +115,10 @@ pub struct DistributedLockSpec {
     /// Where the lock's claims live. Omitted: claim Leases on the Kubernetes API server,
     /// granted by the controller. `etcd`: keys in an etcd cluster the pods reach
     /// directly, granted in etcd's own order; the controller mirrors them into status.
-    /// Do not change the backend of a lock in use: the two backends' fencing tokens are
-    /// not comparable (re-create the lock under a new name instead).
+    /// Do not change the backend of a lock in use, nor its etcd endpoints or key prefix:
+    /// the holders under the old location are not fenced from those under the new, and
+    /// their fencing tokens are not comparable (re-create the lock under a new name
+    /// instead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<Backend>,
 }
