@@ -641,6 +641,54 @@ async fn a_waiter_on_etcd_holds_beside_others_only_by_the_max_holders_stored_now
     );
 }
 
+/// A holder whose claim waited past a compaction of etcd's history: its revocation
+/// watch opened from its key's creation, compacted away, and was cancelled at every
+/// try (a new stream each 200 ms), so a move of its key by the controller was noticed
+/// only at its next renewal (a third of the lease). Now a cancelled watch reads the
+/// key afresh and watches on from there.
+#[tokio::test]
+async fn a_holder_whose_claim_waited_past_a_compaction_notices_its_key_moved_by_its_watch() {
+    let etcd = Etcd::start(None); // its own: a compaction cancels others' watches too
+    etcd.ready().await;
+    let ns = TestNs::new("etcdcompact").await;
+    let _c = spawn_controller(&ns, "etcdcompact");
+    ns.lock("l", etcd_spec(&ns, &etcd.url(), 60, 1)).await;
+    let a = etcd_lock(&ns, ns.client.clone(), "a")
+        .await
+        .acquire()
+        .await
+        .expect("a holds");
+    let lock_b = etcd_lock(&ns, ns.client.clone(), "b").await;
+    let waiting = tokio::spawn(async move { (lock_b.acquire().await, lock_b) });
+    keys_come_to(&ns, &etcd, 2, "b's claim key").await;
+    let mut raw = etcd.connect().await;
+    for i in 0..5 {
+        raw.put(format!("/other/{i}"), "x", None).await.unwrap();
+    }
+    let now = raw.get("/other/0", None).await.unwrap().header().unwrap().revision();
+    raw.compact(now, None).await.unwrap();
+    a.release().await.unwrap();
+    let (b, _lock_b) = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap();
+    let b = b.expect("b holds");
+    // The controller's hold-back, by hand: b's key moved onto a lease of its own.
+    let prefix = format!("/t/{}/", ns.name);
+    let kv = raw
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap()
+        .kvs()[0]
+        .clone();
+    let lease = raw.lease_grant(120, None).await.unwrap().id();
+    let onto = etcd_client::PutOptions::new().with_lease(lease);
+    raw.put(kv.key(), kv.value(), Some(onto)).await.unwrap();
+    let noticed = tokio::time::timeout(Duration::from_secs(2), b.lost()).await;
+    assert!(
+        noticed.is_ok(),
+        "b's key moved, and b held on (its next renewal comes within 20 s)"
+    );
+    drop(b);
+}
+
 /// A waiter that cannot read the lock's `maxHolders` does not hold beside others: with
 /// its API server's packets dropped it waits until no key is ahead of it (the etcd
 /// path itself still works).

@@ -467,32 +467,47 @@ impl KeyClaim {
     }
 
     /// After a grant: report the session lost as soon as the claim key is moved (held
-    /// back by the controller) or deleted. A broken watch is opened again from the
-    /// last revision it showed; meanwhile the renewals' check stands guard.
+    /// back by the controller) or deleted. The watch starts at the key's creation; one
+    /// that breaks or is cancelled (etcd compacted that history away, as it does to a
+    /// claim that waited long) reads the key afresh and watches on from that read, so
+    /// it is not cancelled again and again; meanwhile the renewals' check stands guard.
     fn watch_revocation(mut self, session: Arc<Session>) {
         tokio::spawn(async move {
             let mut state = session.state();
-            let from = self.revision + 1;
+            let mut from = self.revision + 1;
             loop {
                 let watch = tokio::select! {
                     _ = state.wait_for(|s| *s != State::Live) => return,
                     w = self.watch_own(from) => w,
                 };
-                let Ok(mut stream) = watch else {
-                    tokio::time::sleep(REWATCH_DELAY).await;
-                    continue;
-                };
-                let seen = tokio::select! {
-                    _ = state.wait_for(|s| *s != State::Live) => return,
-                    seen = next_change(&mut stream) => seen,
-                };
-                match seen {
-                    Ok(Some((EventType::Delete, _))) => return lose(&session, LostReason::ClaimGone),
-                    Ok(Some((EventType::Put, _))) => return lose(&session, LostReason::Revoked),
-                    Ok(None) | Err(_) => tokio::time::sleep(REWATCH_DELAY).await,
+                if let Ok(mut stream) = watch {
+                    let seen = tokio::select! {
+                        _ = state.wait_for(|s| *s != State::Live) => return,
+                        seen = next_change(&mut stream) => seen,
+                    };
+                    match seen {
+                        Ok(Some((EventType::Delete, _))) => return lose(&session, LostReason::ClaimGone),
+                        Ok(Some((EventType::Put, _))) => return lose(&session, LostReason::Revoked),
+                        Ok(None) | Err(_) => {}
+                    }
+                }
+                tokio::time::sleep(REWATCH_DELAY).await;
+                match self.own_key_now().await {
+                    Ok(None) => return lose(&session, LostReason::ClaimGone),
+                    Ok(Some((lease, _))) if lease != self.lease_id => return lose(&session, LostReason::Revoked),
+                    Ok(Some((_, read_at))) => from = read_at + 1,
+                    Err(_) => {} // the watch is tried again from where it was
                 }
             }
         });
+    }
+
+    /// The claim key as stored now: `None` when it is gone; else the lease it is on and
+    /// the revision of the read.
+    async fn own_key_now(&mut self) -> Result<Option<(i64, i64)>, etcd_client::Error> {
+        let got = self.client.get(self.key.as_str(), None).await?;
+        let read_at = got.header().map_or(0, |h| h.revision());
+        Ok(got.kvs().first().map(|kv| (kv.lease(), read_at)))
     }
 }
 
