@@ -140,18 +140,15 @@ async fn a_claim_whose_pod_uid_was_changed_before_it_was_queued_is_made_anew_not
     g.release().await.unwrap();
 }
 
-/// A claim changed after its client's read-back (the lock existed, no controller ran for
-/// five seconds) and before any controller recorded it: the controller, once up, used
-/// to ignore it (an InvalidClaim event) and list it nowhere, and its client, its one
-/// read-back done, waited on it for ever. Now it is refused (`InvalidClaim`) and its
-/// client claims anew.
-#[tokio::test]
-async fn a_claim_changed_after_its_read_back_and_before_it_was_queued_is_refused_and_made_anew() {
+/// Pod b asks for lock l, which exists, with no controller running: once b has read its
+/// unplaced claim back at its notice time (and told so), the neighbour changes the
+/// claim's pod UID. Returns b's acquire and the claim.
+async fn b_waits_unplaced_then_its_pod_uid_is_changed(
+    ns: &TestNs,
+    neighbour: &kube::Client,
+) -> (JoinHandle<Result<Guard, Error>>, String) {
     use leasehold::client::WaitEvent;
 
-    let ns = TestNs::new("nb-late").await;
-    let neighbour = ns.as_lock_user().await;
-    ns.lock("l", spec(15)).await;
     let (told, mut unqueued) = tokio::sync::mpsc::unbounded_channel();
     let lock_b = Lock::builder(ns.client.clone(), &ns.name, "l")
         .identity(ns.pod("b").await)
@@ -162,14 +159,32 @@ async fn a_claim_changed_after_its_read_back_and_before_it_was_queued_is_refused
         })
         .build()
         .unwrap();
+    let before: Vec<String> = claim_names(ns).await;
     let waiting = tokio::spawn(async move { lock_b.acquire().await });
-    // No controller yet: b reads its claim back once it has waited unplaced (and tells so).
     tokio::time::timeout(DEADLINE, unqueued.recv())
         .await
         .expect("b tells it is unplaced");
-    let cb = claim_names(&ns).await.pop().expect("b's claim");
+    let cb = claim_names(ns)
+        .await
+        .into_iter()
+        .find(|c| !before.contains(c))
+        .expect("b's claim");
     let other_uid = serde_json::json!({"metadata": {"annotations": {"leasehold.dev/pod-uid": "not-b"}}});
-    neighbour_patch(&neighbour, &ns, &cb, other_uid).await;
+    neighbour_patch(neighbour, ns, &cb, other_uid).await;
+    (waiting, cb)
+}
+
+/// A claim changed after its client's read-back (the lock existed, no controller ran for
+/// five seconds) and before any controller recorded it: the controller, once up, used
+/// to ignore it (an InvalidClaim event) and list it nowhere, and its client, its one
+/// read-back done, waited on it for ever. Now it is refused (`InvalidClaim`) and its
+/// client claims anew.
+#[tokio::test]
+async fn a_claim_changed_after_its_read_back_and_before_it_was_queued_is_refused_and_made_anew() {
+    let ns = TestNs::new("nb-late").await;
+    let neighbour = ns.as_lock_user().await;
+    ns.lock("l", spec(15)).await;
+    let (waiting, cb) = b_waits_unplaced_then_its_pod_uid_is_changed(&ns, &neighbour).await;
     let _c = spawn_controller(&ns, "nb-late");
     let g = tokio::time::timeout(DEADLINE, waiting)
         .await
@@ -186,7 +201,6 @@ async fn a_claim_changed_after_its_read_back_and_before_it_was_queued_is_refused
 /// again (5 s after the first, then less and less often), and claims anew.
 #[tokio::test]
 async fn a_claim_changed_after_its_read_back_whose_refusal_goes_unlisted_is_read_back_again() {
-    use leasehold::client::WaitEvent;
     use leasehold::decide::MAX_REFUSED_LISTED;
 
     let ns = TestNs::new("nb-unlisted").await;
@@ -207,28 +221,7 @@ async fn a_claim_changed_after_its_read_back_whose_refusal_goes_unlisted_is_read
         *uid = "not-n".into();
         leases(&ns).create(&PostParams::default(), &c).await.unwrap();
     }
-    let (told, mut unqueued) = tokio::sync::mpsc::unbounded_channel();
-    let lock_b = Lock::builder(ns.client.clone(), &ns.name, "l")
-        .identity(ns.pod("b").await)
-        .on_wait_event(move |e| {
-            if matches!(e, WaitEvent::Unqueued { .. }) {
-                let _ = told.send(());
-            }
-        })
-        .build()
-        .unwrap();
-    let before: Vec<String> = claim_names(&ns).await;
-    let waiting = tokio::spawn(async move { lock_b.acquire().await });
-    tokio::time::timeout(DEADLINE, unqueued.recv())
-        .await
-        .expect("b tells it is unplaced");
-    let cb = claim_names(&ns)
-        .await
-        .into_iter()
-        .find(|c| !before.contains(c))
-        .expect("b's claim");
-    let other_uid = serde_json::json!({"metadata": {"annotations": {"leasehold.dev/pod-uid": "not-b"}}});
-    neighbour_patch(&neighbour, &ns, &cb, other_uid).await;
+    let (waiting, cb) = b_waits_unplaced_then_its_pod_uid_is_changed(&ns, &neighbour).await;
     let _c = spawn_controller(&ns, "nb-unlisted");
     let l = ns
         .wait_lock("l", "the older refusals listed", |l| {
