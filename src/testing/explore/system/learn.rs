@@ -65,8 +65,7 @@ impl System {
         let Some(ended) = self.wait_ends(i) else { return };
         let name = self.clients[i].claim.clone().unwrap_or_default();
         let stored = self.server.claims.get(&name);
-        let changed = stored
-            .is_some_and(|o| record::claim_differs(&claim_lease(&name, o), &self.wrote(i).written(), LOCK).is_some());
+        let changed = self.stored_as_written(i) == Some(false);
         match ended {
             Ended::Tampered => {
                 let early = stored.is_none_or(|o| o.patched_early);
@@ -111,14 +110,18 @@ impl System {
     /// Client `i` reads its unplaced claim back at its notice time: changed or gone, it
     /// claims anew; as it wrote it, it waits on and reads it back no more.
     pub(super) fn read_back(&mut self, i: usize) {
-        let name = self.clients[i].claim.clone().unwrap_or_default();
-        let wrote = self.wrote(i);
-        match self.server.claims.get(&name) {
-            Some(o) if record::claim_differs(&claim_lease(&name, o), &wrote.written(), LOCK).is_none() => {
-                self.clients[i].read_back = true
-            }
+        match self.stored_as_written(i) {
+            Some(true) => self.clients[i].read_back = true,
             _ => self.claim_anew(i),
         }
+    }
+
+    /// Whether client `i`'s claim, as stored now, is as it wrote it (by the real
+    /// [`record::claim_differs`]); `None` when it is gone.
+    fn stored_as_written(&self, i: usize) -> Option<bool> {
+        let name = self.clients[i].claim.as_deref().unwrap_or_default();
+        let stored = self.server.claims.get(name)?;
+        Some(record::claim_differs(&claim_lease(name, stored), &self.wrote(i).written(), LOCK).is_none())
     }
 
     /// A status is written: each waiting client whose claim it names knows its claim
